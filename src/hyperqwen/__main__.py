@@ -1,0 +1,5 @@
+import sys
+
+from hyperqwen.cli import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""Every user-facing knob, declared once.
+
+This table is the single source of truth: validation (settings.py), the vLLM command line (plan.py),
+`.env.example` and `docs/knobs.md` (docsgen.py) are all derived from it. Per-mode defaults are data in
+`single-user/profile.yaml` and `batch/profile.yaml`; a knob's `default` here is the value used when the
+mode's profile says nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("single", "batch")
+
+# Value maps that turn a knob's user-facing choice into vLLM values. They live here, next to the knob,
+# so docs and validation see the same table the planner uses.
+
+# KV cache dtypes by the names batch users choose. All are vLLM 0.32.0 `--kv-cache-dtype` choices.
+KV_DTYPES: dict[str, str] = {
+    "bf16": "auto",  # the model dtype: bfloat16 for this checkpoint
+    "fp8": "fp8",
+    "int8": "int8_per_token_head",
+    "int4": "int4_per_token_head",
+}
+
+# Context presets for single mode: the KV dtype and the context length each one buys.
+# fast: full-precision KV, the reference setup's 64k (its MTP runs: 120.9 tok/s at 64k bf16 KV).
+# long: fp8 KV halves the bytes per token; 128k.
+# huge: vLLM 0.32.0's int4 per-token-head KV (an in-tree dtype) up to the model's 262,144 positions.
+CTX_PRESETS: dict[str, dict[str, Any]] = {
+    "fast": {"kv": "bf16", "max_len": 65536},
+    "long": {"kv": "fp8", "max_len": 131072},
+    "huge": {"kv": "int4", "max_len": 262144},
+}
+
+SPEC_METHODS = ("mtp", "dflash2", "none")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable a user may set.
+
+    kind: "str" | "int" | "float" | "bool" | "choice" | "bytes" | "args" (a shell-quoted argument string)
+    maps_to: what the knob drives, shown in docs: a vLLM flag ("--port"), a vLLM environment variable
+             ("env VLLM_API_KEY") or our own behaviour ("hyperqwen: ...").
+    modes: the modes that use the knob; setting it for another mode is reported as ignored.
+    """
+
+    name: str
+    kind: str
+    doc: str
+    maps_to: str
+    section: str
+    default: Any = None
+    choices: tuple[str, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    modes: tuple[str, ...] = MODES
+    secret: bool = False
+    # Shown in .env.example as a one-line trade-off; doc is the what, tradeoff the why-you-would.
+    tradeoff: str = ""
+    # Extra lines for docs only (e.g. the value map).
+    details: tuple[str, ...] = field(default_factory=tuple)
+
+    def allowed_text(self) -> str:
+        if self.kind == "choice":
+            return " | ".join(self.choices)
+        if self.kind == "bool":
+            return "true | false (also 1/0, yes/no, on/off)"
+        if self.kind in ("int", "float"):
+            low = "" if self.min is None else _fmt_number(self.min)
+            high = "" if self.max is None else _fmt_number(self.max)
+            if low and high:
+                return f"{self.kind} in [{low}, {high}]"
+            if low:
+                return f"{self.kind} >= {low}"
+            if high:
+                return f"{self.kind} <= {high}"
+            return self.kind
+        if self.kind == "bytes":
+            return "bytes: 5368709120, 5GiB, 5.2G, 512MiB"
+        if self.kind == "args":
+            return "shell-quoted vLLM arguments"
+        return "text"
+
+
+def _fmt_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+SERVER = "Server"
+MODEL = "Model and mode"
+SPEED = "Speculative decoding"
+MEMORY = "Context and memory"
+API = "API behaviour"
+SECURITY = "Security"
+PREPARE = "Prepare (download and requantize)"
+OPERATIONS = "Operations"
+
+KNOBS: tuple[Knob, ...] = (
+    # --- model and mode -------------------------------------------------------------------------
+    Knob("MODE", "choice", "Which profile to run: single (low latency, speculative decoding) or batch (throughput).",
+         "hyperqwen: picks single-user/profile.yaml or batch/profile.yaml", MODEL, default="single",
+         choices=MODES, tradeoff="single = fastest one stream; batch = most tokens/s over many requests."),
+    Knob("MODELS_DIR", "str", "Directory holding prepared models and api_key.txt (the models volume).",
+         "hyperqwen: base for MODEL, DRAFT and API_KEY_FILE", MODEL, default="/models"),
+    Knob("MODEL", "str", "The servable checkpoint: a directory (relative paths are under MODELS_DIR).",
+         "--model", MODEL, default="qwen3.8-27b",
+         tradeoff="point it at another prepared directory to serve another checkpoint."),
+    Knob("SERVED_MODEL_NAME", "str", "The model name clients send and /v1/models lists.",
+         "--served-model-name", MODEL, default="qwen3.8-27b"),
+    Knob("DTYPE", "choice", "Activation and unquantized weight dtype.", "--dtype", MODEL, default="auto",
+         choices=("auto", "bfloat16", "float16", "float32"),
+         tradeoff="auto follows the checkpoint (bfloat16); float32 only for tests on CPU."),
+    Knob("VISION", "bool", "Load the vision tower too (images in chat).",
+         "off: --language-model-only", MODEL, default=False,
+         tradeoff="on costs ~0.86 GiB of GPU memory that the KV pool would otherwise get."),
+    # --- server ---------------------------------------------------------------------------------
+    Knob("BIND", "str", "Host address the API is reachable on (published port on the host).",
+         "--host (outside a container); compose port publish address", SERVER, default="127.0.0.1",
+         tradeoff="127.0.0.1 = this machine only; 0.0.0.0 = your LAN too (needs an API key)."),
+    Knob("PORT", "int", "TCP port of the API.", "--port", SERVER, default=18020, min=1, max=65535),
+    # --- security -------------------------------------------------------------------------------
+    Knob("VLLM_API_KEY", "str", "API key clients must send (Authorization: Bearer ...).",
+         "env VLLM_API_KEY (never on the command line)", SECURITY, default="", secret=True,
+         tradeoff="required when BIND is not loopback; prefer API_KEY_FILE so the key is not in .env."),
+    Knob("API_KEY_FILE", "str", "File holding the API key, read when VLLM_API_KEY is empty (relative: under MODELS_DIR).",
+         "env VLLM_API_KEY", SECURITY, default="api_key.txt",
+         tradeoff="create one with: openssl rand -hex 24 > models/api_key.txt"),
+    Knob("METRICS_PUBLIC", "bool", "Serve /metrics without the API key (for a scraper that cannot send one).",
+         "hyperqwen: route protection (patches issue)", SECURITY, default=False),
+    # --- speculative decoding -------------------------------------------------------------------
+    Knob("SPEC", "choice", "Speculative decoding method.",
+         "--speculative-config method (mtp | dflash)", SPEED, default="none", choices=SPEC_METHODS,
+         tradeoff="mtp uses the model's own MTP head (no extra download); dflash2 needs a drafter (DRAFT); none for max batch throughput.",
+         details=("mtp: {\"method\": \"mtp\", \"num_speculative_tokens\": DRAFT_TOKENS}",
+                  "dflash2: {\"method\": \"dflash\", \"model\": DRAFT, \"num_speculative_tokens\": DFLASH_TOKENS}")),
+    Knob("DRAFT_TOKENS", "int", "Tokens the MTP head drafts per step (SPEC=mtp).",
+         "--speculative-config num_speculative_tokens", SPEED, default=3, min=1, max=8,
+         tradeoff="more drafts = more tokens per step when they are accepted, more GDN state memory per request."),
+    Knob("DFLASH_TOKENS", "int", "Tokens the DFlash2 drafter proposes per step (SPEC=dflash2).",
+         "--speculative-config num_speculative_tokens", SPEED, default=7, min=1, max=16,
+         tradeoff="the reference setup measured 7 as its best on a 3090 (its numbers, not ours)."),
+    Knob("DRAFT", "str", "The DFlash2 drafter checkpoint directory (relative: under MODELS_DIR); SPEC=dflash2 only.",
+         "--speculative-config model", SPEED, default=""),
+    # --- context and memory ---------------------------------------------------------------------
+    Knob("CTX", "choice", "Context preset for single mode: KV dtype and default MAX_LEN.",
+         "--kv-cache-dtype and --max-model-len", MEMORY, default="fast", choices=tuple(CTX_PRESETS),
+         modes=("single",),
+         tradeoff="fast = bf16 KV, 64k; long = fp8 KV, 128k; huge = int4 KV, 256k (slower, lossier).",
+         details=tuple(f"{name}: KV {preset['kv']} ({KV_DTYPES[preset['kv']]}), MAX_LEN {preset['max_len']}"
+                       for name, preset in CTX_PRESETS.items())),
+    Knob("KV", "choice", "KV cache dtype for batch mode.", "--kv-cache-dtype", MEMORY, default="fp8",
+         choices=tuple(KV_DTYPES), modes=("batch",),
+         tradeoff="fp8 halves KV bytes vs bf16; int8/int4 per-token-head fit more requests, at some quality cost.",
+         details=tuple(f"{name}: {dtype}" for name, dtype in KV_DTYPES.items())),
+    Knob("MAX_LEN", "int", "Longest context (prompt + output) of one request; empty = the mode/CTX default.",
+         "--max-model-len", MEMORY, default=None, min=256, max=262144),
+    Knob("MAX_SEQS", "int", "Requests decoded at once.", "--max-num-seqs", MEMORY, default=None, min=1, max=1024,
+         tradeoff="higher = more aggregate throughput, more memory for CUDA graphs and GDN state."),
+    Knob("MAX_BATCHED_TOKENS", "int", "Tokens processed per engine step (prefill chunk size).",
+         "--max-num-batched-tokens", MEMORY, default=None, min=256, max=131072,
+         tradeoff="higher = faster prefill of long prompts, larger activation peak."),
+    Knob("GPU_UTIL", "float", "Fraction of GPU memory vLLM may use.", "--gpu-memory-utilization", MEMORY,
+         default=None, min=0.1, max=0.99,
+         tradeoff="lower it on a desktop GPU that also drives a display, or under WSL2."),
+    Knob("KV_MEM", "bytes", "Pin the KV cache pool to this many bytes instead of a GPU_UTIL fraction.",
+         "--kv-cache-memory-bytes", MEMORY, default=None, min=1,
+         tradeoff="exact and repeatable; too large fails at boot, so the planner checks it first."),
+    Knob("PREFIX_CACHE", "bool", "Reuse the KV of a shared prompt prefix across requests.",
+         "--enable-prefix-caching / --no-enable-prefix-caching (always explicit)", MEMORY, default=True,
+         tradeoff="big win for chats and agents (turn 2 is fast); costs one extra GDN state page per request."),
+    Knob("STATE_DTYPE", "choice", "Gated-DeltaNet recurrent state dtype.", "--mamba-ssm-cache-dtype", MEMORY,
+         default="float16", choices=("float16", "float32", "auto"),
+         tradeoff="float16 halves the ~144 MiB per state page of float32."),
+    # --- API behaviour --------------------------------------------------------------------------
+    Knob("TOOLS", "bool", "Let the model call tools (OpenAI tools / Anthropic tool_use).",
+         "--enable-auto-tool-choice --tool-call-parser TOOL_PARSER", API, default=True),
+    Knob("TOOL_PARSER", "choice", "vLLM tool-call parser for the model's tool-call format.", "--tool-call-parser",
+         API, default="qwen3_coder", choices=("qwen3_coder", "qwen3_xml", "hermes")),
+    Knob("REASONING_PARSER", "choice", "vLLM reasoning parser (splits <think> output into reasoning).",
+         "--reasoning-parser", API, default="qwen3", choices=("qwen3", "deepseek_r1", "none")),
+    Knob("THINKING", "bool", "Think before answering by default; a request's chat_template_kwargs can still override.",
+         "--default-chat-template-kwargs {\"enable_thinking\": ...}", API, default=False,
+         tradeoff="on = better answers to hard questions, many more tokens and a slower reply."),
+    Knob("TEMPERATURE", "float", "Default sampling temperature when a request sets none; empty = the model's generation_config.",
+         "--override-generation-config {\"temperature\": ...}", API, default=None, min=0.0, max=2.0),
+    Knob("EXTRA_ARGS", "args", "More vLLM arguments, appended last (they win over ours).",
+         "appended to the vLLM command line", API, default="",
+         tradeoff="escape hatch; the plan still validates it parses as shell words."),
+    # --- operations -----------------------------------------------------------------------------
+    Knob("SKIP_VERIFY", "bool", "Start the server without running verify.sh first (container entrypoint).",
+         "hyperqwen: entrypoint", OPERATIONS, default=False),
+    # --- prepare --------------------------------------------------------------------------------
+    Knob("MODEL_REPO", "str", "Hugging Face repo id of the base checkpoint prepare downloads.",
+         "hyperqwen prepare", PREPARE, default="dbirks/Qwen3.8-27B-W4A16-AutoRound"),
+    Knob("MODEL_REVISION", "str", "Branch, tag or commit of MODEL_REPO.", "hyperqwen prepare", PREPARE,
+         default="main", tradeoff="pin a commit for a reproducible download."),
+    Knob("HF_TOKEN", "str", "Hugging Face token, for gated or private repos.", "env HF_TOKEN (huggingface_hub)",
+         PREPARE, default="", secret=True),
+    Knob("MODEL_SOURCE_DIR", "str", "Use this local checkpoint directory instead of downloading.",
+         "hyperqwen prepare", PREPARE, default=""),
+    Knob("HF_HUB_OFFLINE", "bool", "Never touch the network; use only MODEL_SOURCE_DIR or the local HF cache.",
+         "env HF_HUB_OFFLINE (huggingface_hub)", PREPARE, default=False),
+    Knob("QUANTIZE_EMBED", "bool", "Also requantize embed_tokens to int8 group-128.", "hyperqwen prepare",
+         PREPARE, default=False,
+         tradeoff="frees ~1.3 GB; vLLM 0.32.0 loads it only once the embedding patch is applied."),
+)
+
+KNOBS_BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}
+
+SECTIONS: tuple[str, ...] = (MODEL, SERVER, SECURITY, SPEED, MEMORY, API, OPERATIONS, PREPARE)

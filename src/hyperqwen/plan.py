@@ -1,0 +1,142 @@
+"""Settings -> the vLLM server command line and environment. Pure: no I/O, no GPU, no network."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+from hyperqwen.knobs import CTX_PRESETS, KV_DTYPES
+from hyperqwen.settings import Problem, Settings, SettingsError, is_loopback
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
+MASK = "****"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `hyperqwen serve` will exec.
+
+    argv: the full command, argv[0] the Python interpreter.
+    env: variables set on top of the inherited environment; unset_env: variables removed from it.
+    """
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    unset_env: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = field(default_factory=tuple)
+    kv_cache_dtype: str = "auto"
+    max_model_len: int = 0
+
+    @property
+    def vllm_args(self) -> tuple[str, ...]:
+        """The arguments after `python -m vllm.entrypoints.openai.api_server`."""
+        return self.argv[3:]
+
+    def shell_command(self) -> str:
+        """The exact command, shell-quoted, one flag per line, secrets masked; what `--print` shows."""
+        groups: list[list[str]] = []
+        if self.env or self.unset_env:
+            groups.append(["env", *(f"--unset={name}" for name in self.unset_env),
+                           *(f"{name}={value}" for name, value in sorted(self.masked_env().items()))])
+        groups.append(list(self.argv[:3]))
+        for word in self.argv[3:]:
+            if word.startswith("--") or groups[-1][0] in ("env", self.argv[0]):
+                groups.append([word])
+            else:
+                groups[-1].append(word)
+        return " \\\n    ".join(shlex.join(group) for group in groups)
+
+    def masked_env(self) -> dict[str, str]:
+        return {name: (MASK if name in SECRET_ENV else value) for name, value in self.env.items()}
+
+
+def kv_cache_dtype(settings: Settings) -> str:
+    """The vLLM --kv-cache-dtype: from CTX in single mode, from KV in batch mode."""
+    if settings.mode == "single":
+        return KV_DTYPES[CTX_PRESETS[settings["CTX"]]["kv"]]
+    return KV_DTYPES[settings["KV"]]
+
+
+def max_model_len(settings: Settings) -> int:
+    """MAX_LEN if set, else the mode profile's, else the CTX preset's."""
+    if settings["MAX_LEN"] is not None:
+        return int(settings["MAX_LEN"])
+    return int(CTX_PRESETS[settings["CTX"]]["max_len"])
+
+
+def speculative_config(settings: Settings) -> dict | None:
+    spec = settings["SPEC"]
+    if spec == "mtp":
+        return {"method": "mtp", "num_speculative_tokens": settings["DRAFT_TOKENS"]}
+    if spec == "dflash2":
+        # vLLM recognises a DFlash/DFlash2 drafter by its architecture; the method name is "dflash".
+        return {"method": "dflash", "model": str(settings.under_models_dir(settings["DRAFT"])),
+                "num_speculative_tokens": settings["DFLASH_TOKENS"]}
+    return None
+
+
+def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | None = None,
+               python: str = sys.executable) -> Plan:
+    """Settings (+ the API key, + the address to listen on inside a container) -> Plan.
+
+    api_key: the key clients must send, or None for no key. It goes to vLLM through VLLM_API_KEY,
+    never the command line. listen_host: where the server listens when it differs from BIND (inside a
+    container it listens on 0.0.0.0 while compose publishes the port on BIND only).
+    Raises SettingsError when the combination is unsafe (exposed without a key).
+    """
+    bind = settings["BIND"]
+    if not is_loopback(bind) and not api_key:
+        raise SettingsError([Problem(
+            "error",
+            f"BIND={bind} exposes the API beyond this machine, but no API key is set. Create one with\n"
+            f"    openssl rand -hex 24 > models/api_key.txt\n"
+            f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+            f"or keep BIND=127.0.0.1.", "BIND")])
+
+    kv_dtype = kv_cache_dtype(settings)
+    model_len = max_model_len(settings)
+    args: list[str] = [
+        "--model", str(settings.model_path),
+        "--served-model-name", settings["SERVED_MODEL_NAME"],
+        "--host", listen_host or bind,
+        "--port", str(settings["PORT"]),
+        "--dtype", settings["DTYPE"],
+        "--max-model-len", str(model_len),
+        "--kv-cache-dtype", kv_dtype,
+        "--mamba-ssm-cache-dtype", settings["STATE_DTYPE"],
+        # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
+        "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
+    ]
+    if not settings["VISION"]:
+        args.append("--language-model-only")
+    for knob, flag in (("MAX_SEQS", "--max-num-seqs"), ("MAX_BATCHED_TOKENS", "--max-num-batched-tokens"),
+                       ("GPU_UTIL", "--gpu-memory-utilization"), ("KV_MEM", "--kv-cache-memory-bytes")):
+        if settings[knob] is not None:
+            args += [flag, str(settings[knob])]
+    spec = speculative_config(settings)
+    if spec is not None:
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if settings["TOOLS"]:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
+    if settings["REASONING_PARSER"] != "none":
+        args += ["--reasoning-parser", settings["REASONING_PARSER"]]
+    # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.
+    args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": bool(settings["THINKING"])})]
+    if settings["TEMPERATURE"] is not None:
+        args += ["--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})]
+    args += list(settings["EXTRA_ARGS"])
+
+    env = dict(settings.passthrough_env)
+    unset: tuple[str, ...] = ()
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    else:
+        unset = ("VLLM_API_KEY",)  # an inherited empty or stale value must not half-enable auth
+    if settings["HF_TOKEN"]:
+        env["HF_TOKEN"] = settings["HF_TOKEN"]
+
+    return Plan(argv=(python, "-m", VLLM_SERVER_MODULE, *args), env=env, unset_env=unset,
+                problems=settings.problems, kv_cache_dtype=kv_dtype, max_model_len=model_len)

@@ -1,0 +1,121 @@
+"""`hyperqwen serve`: resolve settings, build the plan, check it, exec the vLLM OpenAI server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hyperqwen.knobs import KNOBS, MODES
+from hyperqwen.plan import Plan, build_plan
+from hyperqwen.secrets import read_api_key
+from hyperqwen.settings import Problem, Settings, SettingsError, read_env_file, resolve_settings
+
+# Inside the image the server listens on all interfaces of the container's own network namespace;
+# compose publishes the port on BIND only. Set by the Dockerfile, never by users.
+LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SettingsError([Problem("error", f"--set {pair!r}: expected KNOB=VALUE, e.g. --set MAX_LEN=32768")])
+        overrides[name.strip()] = value
+    return overrides
+
+
+def load_settings(environ: Mapping[str, str], *, mode: str | None, env_file: str | None,
+                  overrides: Sequence[str] = ()) -> Settings:
+    """The I/O edge around resolve_settings: reads the .env file (default ./.env when present)."""
+    env_values: dict[str, str] = {}
+    if env_file is not None:
+        path = Path(env_file)
+        if not path.is_file():
+            raise SettingsError([Problem("error", f"--env-file {env_file}: no such file; copy .env.example to .env "
+                                         "or leave --env-file out")])
+        env_values = read_env_file(path)
+    elif Path(".env").is_file():
+        env_values = read_env_file(Path(".env"))
+    return resolve_settings(environ, mode=mode, env_file=env_values, overrides=parse_overrides(overrides))
+
+
+def explain(settings: Settings, plan: Plan | None) -> str:
+    """Every knob's final value and where it came from; secrets masked."""
+    rows = [("KNOB", "VALUE", "SOURCE")]
+    for knob in KNOBS:
+        setting = settings.setting(knob.name)
+        value = setting.display() or "(unset)"
+        note = "" if settings.mode in knob.modes else f" [ignored in {settings.mode} mode]"
+        rows.append((knob.name, value + note, setting.source))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    lines = [f"{name:<{widths[0]}}  {value:<{widths[1]}}  {source}" for name, value, source in rows]
+    if plan is not None:
+        lines += ["", f"KV cache dtype: {plan.kv_cache_dtype}; max model length: {plan.max_model_len}"]
+    lines += [f"{problem}" for problem in settings.problems]
+    return "\n".join(lines)
+
+
+def report(problems: Sequence[Problem], stream=sys.stderr) -> None:
+    for problem in problems:
+        print(f"hyperqwen: {problem}", file=stream)
+
+
+def exec_environment(plan: Plan, environ: Mapping[str, str]) -> dict[str, str]:
+    env = {name: value for name, value in environ.items() if name not in plan.unset_env}
+    env.update(plan.env)
+    return env
+
+
+def check_model_dir(settings: Settings) -> list[Problem]:
+    """The model directory must exist and look like a checkpoint before vLLM spends minutes starting."""
+    path = settings.model_path
+    if not (path / "config.json").is_file():
+        return [Problem("error", f"MODEL={settings['MODEL']}: no checkpoint at {path} (config.json missing). "
+                        "Run `docker compose run --rm prepare` (or `hyperqwen prepare`) to create it, or point MODEL "
+                        "(and MODELS_DIR) at a prepared checkpoint directory.", "MODEL")]
+    return []
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    try:
+        settings = load_settings(environ, mode=args.mode, env_file=args.env_file, overrides=args.set or ())
+        plan = build_plan(settings, api_key=read_api_key(settings), listen_host=environ.get(LISTEN_HOST_ENV) or None)
+    except SettingsError as exc:
+        report(exc.problems)
+        print("hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
+              file=sys.stderr)
+        return 2
+    if args.explain:
+        print(explain(settings, plan))
+        return 0
+    if args.print:
+        print(plan.shell_command())
+        report(settings.warnings)
+        return 0
+    report(settings.warnings)
+    problems = check_model_dir(settings)
+    if problems:
+        report(problems)
+        return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(plan.argv[0], list(plan.argv), exec_environment(plan, environ))
+    return 0  # pragma: no cover - execve does not return
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="start the vLLM server for a mode (or print/explain what would start)",
+        description="Resolve the knobs (defaults < mode profile < .env < environment < --set), build the vLLM "
+                    "command and exec it.")
+    parser.add_argument("--mode", choices=MODES, help="single or batch (default: MODE, else single)")
+    parser.add_argument("--print", action="store_true", help="print the exact command and environment; start nothing")
+    parser.add_argument("--explain", action="store_true", help="show every setting, its value and its source")
+    parser.add_argument("--env-file", help="read knobs from this file (default: ./.env when it exists)")
+    parser.add_argument("--set", action="append", metavar="KNOB=VALUE", help="override a knob (repeatable)")
+    parser.set_defaults(func=run)

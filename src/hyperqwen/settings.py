@@ -1,0 +1,458 @@
+"""Resolve knobs from their sources into typed, validated settings.
+
+Precedence, lowest first: the knob's default (knobs.py) < the mode profile (single-user/, batch/) <
+a `.env` file < the process environment < the command line. Resolution reads only what it is given
+(mappings and the profile files); it never touches the network or the GPU.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+import shlex
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hyperqwen.knobs import KNOBS, KNOBS_BY_NAME, MODES, Knob
+
+DEFAULT = "default"
+ENV_FILE = ".env"
+ENVIRONMENT = "environment"
+COMMAND_LINE = "command line"
+
+
+def profile_source(mode: str) -> str:
+    return f"{mode} profile"
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+# Binary units for the bare and -iB suffixes, decimal for -B (KB, MB, GB), as `docker` and `ls` read them.
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding about the settings. Errors stop the start; warnings are printed and the start goes on."""
+
+    severity: str  # "error" | "warning"
+    message: str
+    knob: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+class SettingsError(ValueError):
+    """Raised when the settings have errors; carries every problem found, not just the first."""
+
+    def __init__(self, problems: Iterable[Problem]):
+        self.problems = tuple(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+@dataclass(frozen=True)
+class Setting:
+    knob: Knob
+    value: Any
+    source: str
+    raw: str | None = None  # the text the user gave, for messages; None for defaults
+
+    @property
+    def explicit(self) -> bool:
+        """True when the user set it (a .env file, the environment or the command line)."""
+        return self.source in (ENV_FILE, ENVIRONMENT, COMMAND_LINE)
+
+    def display(self) -> str:
+        """The value as safe to show: secrets masked, never partially."""
+        if self.knob.secret:
+            return "****" if self.value else "(unset)"
+        return format_value(self.knob, self.value)
+
+
+@dataclass(frozen=True)
+class Settings(Mapping[str, Any]):
+    """Typed knob values for one mode, with where each came from."""
+
+    mode: str
+    items: Mapping[str, Setting]
+    problems: tuple[Problem, ...] = field(default_factory=tuple)
+    passthrough_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.items[name].value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def setting(self, name: str) -> Setting:
+        return self.items[name]
+
+    def explicit(self, name: str) -> bool:
+        return self.items[name].explicit
+
+    @property
+    def warnings(self) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.severity == "warning")
+
+    def under_models_dir(self, value: str) -> Path:
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else Path(self["MODELS_DIR"]) / path
+
+    @property
+    def model_path(self) -> Path:
+        return self.under_models_dir(self["MODEL"])
+
+
+def format_value(knob: Knob, value: Any) -> str:
+    if value is None:
+        return ""
+    if knob.kind == "bool":
+        return "true" if value else "false"
+    return str(value)
+
+
+# --- parsing one value ---------------------------------------------------------------------------
+
+class _BadValue(ValueError):
+    pass
+
+
+def parse_value(knob: Knob, raw: str) -> Any:
+    """Parse the text a user gave for `knob`. Raises _BadValue with a message saying what is allowed."""
+    text = raw.strip()
+    if knob.kind == "args":
+        if "\x00" in text:
+            raise _BadValue("contains a NUL character")
+        try:
+            return tuple(shlex.split(text))
+        except ValueError as exc:  # unbalanced quotes
+            raise _BadValue(f"is not valid shell quoting ({exc})") from None
+    if _CONTROL_RE.search(text):
+        raise _BadValue("contains a control character (a newline or tab?)")
+    if knob.kind == "str":
+        return text
+    if knob.kind == "bool":
+        lowered = text.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise _BadValue("is not a boolean")
+    if knob.kind == "choice":
+        lowered = text.lower()
+        for choice in knob.choices:
+            if choice.lower() == lowered:
+                return choice
+        hint = did_you_mean(text, knob.choices)
+        raise _BadValue("is not one of the allowed values" + (f" (did you mean {hint}?)" if hint else ""))
+    if knob.kind == "int":
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise _BadValue("is not a whole number (write 65536, not 64k or 6.5e4)")
+        value: float = int(text)
+    elif knob.kind == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise _BadValue("is not a number") from None
+        if not math.isfinite(value):
+            raise _BadValue("is not a finite number")
+    elif knob.kind == "bytes":
+        value = parse_bytes(text)
+    else:  # pragma: no cover - a knob kind without a parser is a bug in knobs.py
+        raise AssertionError(f"unknown knob kind {knob.kind!r}")
+    if knob.min is not None and value < knob.min:
+        raise _BadValue("is below the minimum")
+    if knob.max is not None and value > knob.max:
+        raise _BadValue("is above the maximum")
+    return value
+
+
+def parse_bytes(text: str) -> int:
+    match = _BYTES_RE.match(text)
+    if not match:
+        raise _BadValue("is not a size")
+    number, unit = match.groups()
+    factor = _BYTE_UNITS.get(unit.lower())
+    if factor is None:
+        raise _BadValue(f"has an unknown unit {unit!r}")
+    if "." in number and factor == 1:
+        raise _BadValue("is a fraction of a byte")
+    return int(float(number) * factor) if "." in number else int(number) * factor
+
+
+# --- did you mean ----------------------------------------------------------------------------------
+
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance (Levenshtein plus adjacent transpositions)."""
+    rows = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i in range(len(a) + 1):
+        rows[i][0] = i
+    for j in range(len(b) + 1):
+        rows[0][j] = j
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
+    return rows[len(a)][len(b)]
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """The closest candidate within a small edit distance (1 for short words, 2 for longer), else None."""
+    best: tuple[int, str] | None = None
+    for candidate in candidates:
+        limit = 1 if len(candidate) <= 5 else 2
+        distance = edit_distance(word.upper(), candidate.upper())
+        if distance <= limit and (best is None or distance < best[0]):
+            best = (distance, candidate)
+    return best[1] if best else None
+
+
+# Environment names that are near a knob name by accident; never "did you mean" them.
+_COMMON_ENV = frozenset({
+    "PATH", "HOME", "PWD", "OLDPWD", "USER", "SHELL", "TERM", "LANG", "TZ", "CC", "CXX", "CPP", "LD",
+    "HOSTNAME", "MAIL", "EDITOR", "PAGER", "DISPLAY", "SHLVL", "LOGNAME", "TMP", "TEMP", "TMPDIR", "CI", "_",
+})
+# Names that legitimately sit beside our knobs in a .env or container environment.
+_PASSTHROUGH_PREFIXES = ("VLLM_", "HF_", "HUGGINGFACE_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH", "NCCL_",
+                         "OMP_", "COMPOSE_", "DOCKER_", "HYPERQWEN_", "TRANSFORMERS_", "TOKENIZERS_")
+
+
+def _looks_like_ours(name: str) -> str | None:
+    """For an unknown variable: the knob it was probably meant to be, if any."""
+    if name in _COMMON_ENV:
+        return None
+    if name.upper() in KNOBS_BY_NAME:  # a lower-case spelling, e.g. "spec"
+        return name.upper()
+    if len(name) < 3:
+        return None
+    return did_you_mean(name, KNOBS_BY_NAME)
+
+
+# --- .env files ------------------------------------------------------------------------------------
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse a docker-compose style .env file: KEY=VALUE lines, optional `export`, quotes, # comments."""
+    values: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError([Problem("error", f"{path}: not UTF-8 text ({exc})")]) from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("export "):
+            stripped = stripped[len("export "):].lstrip()
+        name, sep, value = stripped.partition("=")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SettingsError([Problem(
+                "error", f"{path}:{lineno}: expected NAME=value, got {line.strip()[:60]!r}")])
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        values[name] = value
+    return values
+
+
+# --- profiles -------------------------------------------------------------------------------------
+
+def profile_path(mode: str) -> Path:
+    """Where the mode's profile lives: the repo's single-user/ or batch/, or the copy inside the wheel."""
+    folder = {"single": "single-user", "batch": "batch"}[mode]
+    packaged = Path(__file__).parent / "_profiles" / f"{mode}.yaml"
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2] / folder / "profile.yaml"
+
+
+def load_profile(mode: str, path: Path | None = None) -> dict[str, Any]:
+    path = path or profile_path(mode)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("mode") != mode or not isinstance(data.get("defaults"), dict):
+        raise SettingsError([Problem("error", f"{path}: a profile needs `mode: {mode}` and a `defaults:` mapping")])
+    return data
+
+
+def profile_defaults(mode: str, path: Path | None = None) -> dict[str, Any]:
+    """The profile's defaults, validated like user input (a typo in a profile is our bug, caught by tests)."""
+    defaults: dict[str, Any] = {}
+    for name, value in load_profile(mode, path)["defaults"].items():
+        knob = KNOBS_BY_NAME.get(name)
+        if knob is None:
+            raise SettingsError([Problem("error", f"profile {mode}: unknown knob {name!r}", name)])
+        raw = format_value(knob, value) if isinstance(value, bool) else str(value)
+        try:
+            defaults[name] = parse_value(knob, raw)
+        except _BadValue as exc:
+            raise SettingsError([Problem("error", f"profile {mode}: {name}={value!r} {exc}", name)]) from None
+    return defaults
+
+
+# --- resolution -----------------------------------------------------------------------------------
+
+def resolve_settings(
+    environ: Mapping[str, str],
+    *,
+    mode: str | None = None,
+    env_file: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+    profiles: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """Resolve every knob. Pure: reads only its arguments (and the profile files when `profiles` is None).
+
+    environ: the process environment (or what compose passes); env_file: parsed .env values;
+    overrides: command-line KNOB=VALUE pairs; mode: the command line's --mode (wins over MODE).
+    Raises SettingsError listing every error; warnings are kept on the result.
+    """
+    env_file = dict(env_file or {})
+    overrides = dict(overrides or {})
+    problems: list[Problem] = []
+
+    layers: list[tuple[str, Mapping[str, str]]] = [(ENV_FILE, env_file), (ENVIRONMENT, environ),
+                                                   (COMMAND_LINE, overrides)]
+
+    for name in overrides:
+        if name not in KNOBS_BY_NAME:
+            hint = did_you_mean(name, KNOBS_BY_NAME)
+            problems.append(Problem("error", f"--set {name}: not a knob" + (
+                f"; did you mean {hint}?" if hint else "; see docs/knobs.md for the list"), name))
+
+    # The mode decides which profile applies, so it is resolved first.
+    if mode is not None:
+        overrides["MODE"] = mode
+    mode_setting = _resolve_one(KNOBS_BY_NAME["MODE"], None, None, layers, problems)
+    chosen_mode = mode_setting.value if mode_setting.value in MODES else "single"
+
+    if profiles is not None:
+        profile_values = dict(profiles.get(chosen_mode, {}))
+    else:
+        profile_values = profile_defaults(chosen_mode)
+
+    items: dict[str, Setting] = {"MODE": mode_setting}
+    for knob in KNOBS:
+        if knob.name == "MODE":
+            continue
+        items[knob.name] = _resolve_one(knob, profile_values.get(knob.name), chosen_mode, layers, problems)
+
+    passthrough: dict[str, str] = {}
+    for source, layer in ((ENV_FILE, env_file), (ENVIRONMENT, environ)):
+        for name, value in layer.items():
+            if name in KNOBS_BY_NAME:
+                continue
+            if source == ENV_FILE:
+                passthrough[name] = value
+            guess = _looks_like_ours(name)
+            if guess and not name.startswith(_PASSTHROUGH_PREFIXES):
+                where = ".env" if source == ENV_FILE else "the environment"
+                problems.append(Problem(
+                    "warning", f"{name} (in {where}) is not a HyperQwen knob and is ignored; did you mean {guess}?",
+                    guess))
+
+    settings = Settings(chosen_mode, items, tuple(problems), passthrough)
+    problems.extend(check_combination(settings))
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise SettingsError(errors + [p for p in problems if p.severity == "warning"])
+    return Settings(chosen_mode, items, tuple(problems), passthrough)
+
+
+def _resolve_one(knob: Knob, profile_value: Any, mode: str | None,
+                 layers: list[tuple[str, Mapping[str, str]]], problems: list[Problem]) -> Setting:
+    setting = Setting(knob, knob.default, DEFAULT)
+    if profile_value is not None:
+        setting = Setting(knob, profile_value, profile_source(mode or "single"))
+    for source, layer in layers:
+        raw = layer.get(knob.name)
+        if raw is None or raw.strip() == "":
+            continue  # empty means unset, as compose passes `${X:-}`
+        try:
+            setting = Setting(knob, parse_value(knob, raw), source, raw)
+        except _BadValue as exc:
+            shown = "****" if knob.secret else repr(raw if len(raw) <= 80 else raw[:77] + "...")
+            where = {ENV_FILE: "in .env", ENVIRONMENT: "in the environment", COMMAND_LINE: "on the command line"}[source]
+            problems.append(Problem(
+                "error", f"{knob.name}={shown} ({where}) {exc}; allowed: {knob.allowed_text()}", knob.name))
+    return setting
+
+
+def check_combination(settings: Settings) -> list[Problem]:
+    """Cross-knob checks: contradictions, knobs the mode or method ignores."""
+    problems: list[Problem] = []
+    mode, spec = settings.mode, settings["SPEC"]
+
+    for name, setting in settings.items.items():
+        if setting.explicit and mode not in setting.knob.modes:
+            other = {"CTX": "in batch mode KV picks the KV dtype and MAX_LEN the context",
+                     "KV": "in single mode CTX picks the KV dtype (fast = bf16, long = fp8, huge = int4)"}
+            problems.append(Problem("warning", f"{name} is ignored in {mode} mode: "
+                                    + other.get(name, f"it applies to {', '.join(setting.knob.modes)} mode"), name))
+
+    ignored_by_spec = {"DRAFT_TOKENS": "mtp", "DFLASH_TOKENS": "dflash2", "DRAFT": "dflash2"}
+    for name, needs in ignored_by_spec.items():
+        if settings.explicit(name) and spec != needs:
+            what = {"mtp": "DRAFT_TOKENS sets the MTP draft count", "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2"}
+            problems.append(Problem("warning", f"{name} has no effect because SPEC={spec}; {what[needs]}, "
+                                    f"used only with SPEC={needs}", name))
+    if spec == "dflash2" and not settings["DRAFT"]:
+        problems.append(Problem("error", "SPEC=dflash2 needs a drafter: set DRAFT to the DFlash2 drafter's directory "
+                                "(relative to MODELS_DIR), or use SPEC=mtp, which needs no extra model", "DRAFT"))
+
+    if settings.explicit("KV_MEM") and settings.explicit("GPU_UTIL"):
+        problems.append(Problem("warning", "KV_MEM and GPU_UTIL are both set: KV_MEM pins the KV pool and "
+                                "vLLM then does not size the pool from GPU_UTIL", "KV_MEM"))
+    if settings.explicit("TOOL_PARSER") and not settings["TOOLS"]:
+        problems.append(Problem("warning", "TOOL_PARSER has no effect because TOOLS=false", "TOOL_PARSER"))
+
+    bind = settings["BIND"]
+    if not _valid_host(bind):
+        problems.append(Problem("error", f"BIND={bind!r} is not an IP address or host name; use 127.0.0.1 "
+                                "(this machine only) or 0.0.0.0 (all interfaces)", "BIND"))
+
+    extra = settings["EXTRA_ARGS"]
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        if flag == "--api-key":
+            problems.append(Problem("error", "EXTRA_ARGS contains --api-key: a key on the command line shows in "
+                                    "`ps` and logs; set VLLM_API_KEY or API_KEY_FILE instead", "EXTRA_ARGS"))
+    return problems
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME_RE.match(host))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
