@@ -26,7 +26,7 @@ def default_text(knob: Knob, mode: str, profiles: dict[str, dict[str, object]]) 
     if mode not in knob.modes:
         return "(ignored)"
     if knob.name == "MODE":
-        return f"{knob.default} (the profile's own name when chosen)" if mode == "single" else "-"
+        return mode
     value = profiles[mode].get(knob.name, knob.default)
     if knob.secret:
         return "(unset)"
@@ -54,7 +54,7 @@ def render_env_example() -> str:
                 out.append(f"#   {knob.tradeoff}")
             out.append(f"#   allowed: {knob.allowed_text()}")
             single, batch = (default_text(knob, mode, profiles) for mode in MODES)
-            if single != batch:
+            if single != batch and knob.name != "MODE":
                 out.append(f"#   default: single={single}, batch={batch}")
             shown = "" if knob.secret else _env_value(knob, profiles)
             out.append(f"#{knob.name}={shown}")

@@ -1,0 +1,80 @@
+"""`hyperqwen serve --print/--explain` and its refusals, run as a user runs them (a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+KEY = "sk-never-print-me-0123456789"
+
+
+def hyperqwen(*args, env=None, cwd=None):
+    environ = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hyperqwen", *args], capture_output=True, text=True,
+                          env=environ, cwd=cwd, timeout=60)
+
+
+def test_print_shows_command_and_masks_key(tmp_path):
+    result = hyperqwen("serve", "--mode", "single", "--print", env={"VLLM_API_KEY": KEY}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "-m vllm.entrypoints.openai.api_server" in result.stdout
+    assert "VLLM_API_KEY=****" in result.stdout
+    assert KEY not in result.stdout + result.stderr
+
+
+def test_explain_shows_sources(tmp_path):
+    (tmp_path / ".env").write_text("MAX_SEQS=2\n")
+    result = hyperqwen("serve", "--mode", "single", "--explain", "--set", "PORT=18099",
+                       env={"SPEC": "none", "VLLM_API_KEY": KEY}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert rows["MAX_SEQS"].split()[1:] == ["2", ".env"]
+    assert rows["SPEC"].split()[1:] == ["none", "environment"]
+    assert rows["PORT"].split()[1:] == ["18099", "command", "line"]
+    assert rows["DRAFT_TOKENS"].split()[1:] == ["4", "single", "profile"]
+    assert rows["SERVED_MODEL_NAME"].split()[1:] == ["qwen3.8-27b", "default"]
+    assert rows["VLLM_API_KEY"].split()[1] == "****"
+    assert KEY not in result.stdout
+
+
+def test_api_key_file_is_read_and_masked(tmp_path):
+    (tmp_path / "api_key.txt").write_text(KEY + "\n")
+    result = hyperqwen("serve", "--print", env={"MODELS_DIR": str(tmp_path), "BIND": "0.0.0.0"}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "VLLM_API_KEY=****" in result.stdout and KEY not in result.stdout
+
+
+def test_exposed_without_key_refuses_and_starts_nothing(tmp_path):
+    result = hyperqwen("serve", "--print", env={"BIND": "0.0.0.0", "MODELS_DIR": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "openssl rand -hex 24 > models/api_key.txt" in result.stderr
+    assert "nothing was started" in result.stderr
+    assert result.stdout == ""
+
+
+def test_bad_value_error_names_knob(tmp_path):
+    result = hyperqwen("serve", "--print", env={"SPEC": "eagle"}, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "SPEC='eagle' (in the environment) is not one of the allowed values" in result.stderr
+
+
+def test_missing_model_directory_says_to_run_prepare(tmp_path):
+    result = hyperqwen("serve", env={"MODELS_DIR": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no checkpoint at" in result.stderr and "prepare" in result.stderr
+
+
+def test_warning_for_misspelled_knob_reaches_the_user(tmp_path):
+    result = hyperqwen("serve", "--print", env={"DRAFT_TOKEN": "2"}, cwd=tmp_path)
+    assert result.returncode == 0
+    assert "did you mean DRAFT_TOKENS?" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["--set", "NOEQUALS"], ["--env-file", "/nonexistent/.env"]])
+def test_bad_command_line_is_a_clean_error(tmp_path, args):
+    result = hyperqwen("serve", "--print", *args, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
