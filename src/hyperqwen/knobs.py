@@ -171,6 +171,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PREFIX_CACHE", "bool", "Reuse the KV of a shared prompt prefix across requests.",
          "--enable-prefix-caching / --no-enable-prefix-caching (always explicit)", MEMORY, default=True,
          tradeoff="big win for chats and agents (turn 2 is fast); costs one extra GDN state page per request."),
+    Knob("MEMORY_CHECK", "choice", "Before starting, plan GPU memory and stop when the settings do not fit "
+         "(strict), only warn (warn), or skip (off).", "hyperqwen: memory preflight (hyperqwen plan)", MEMORY,
+         default="strict", choices=("strict", "warn", "off"),
+         tradeoff="warn if your own measurement says it fits where the planner's estimates say it does not."),
     Knob("STATE_DTYPE", "choice", "Gated-DeltaNet recurrent state dtype.", "--mamba-ssm-cache-dtype", MEMORY,
          default="float16", choices=("float16", "float32", "auto"),
          tradeoff="float16 halves the ~144 MiB per state page of float32."),

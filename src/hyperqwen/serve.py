@@ -11,7 +11,7 @@ from pathlib import Path
 from hyperqwen.knobs import KNOBS, MODES
 from hyperqwen.plan import Plan, build_plan
 from hyperqwen.secrets import read_api_key
-from hyperqwen.settings import Problem, Settings, SettingsError, read_env_file, resolve_settings
+from hyperqwen.settings import PLANNER, Problem, Settings, SettingsError, read_env_file, resolve_settings
 
 # Inside the image the server listens on all interfaces of the container's own network namespace;
 # compose publishes the port on BIND only. Set by the Dockerfile, never by users.
@@ -59,9 +59,9 @@ def explain(settings: Settings, plan: Plan | None) -> str:
     return "\n".join(lines)
 
 
-def report(problems: Sequence[Problem], stream=sys.stderr) -> None:
+def report(problems: Sequence[Problem]) -> None:
     for problem in problems:
-        print(f"hyperqwen: {problem}", file=stream)
+        print(f"hyperqwen: {problem}", file=sys.stderr)
 
 
 def exec_environment(plan: Plan, environ: Mapping[str, str]) -> dict[str, str]:
@@ -78,6 +78,40 @@ def check_model_dir(settings: Settings) -> list[Problem]:
                         "Run `docker compose run --rm prepare` (or `hyperqwen prepare`) to create it, or point MODEL "
                         "(and MODELS_DIR) at a prepared checkpoint directory.", "MODEL")]
     return []
+
+
+def memory_preflight(settings: Settings, plan: Plan, environ: Mapping[str, str], gpu=None) -> Plan:
+    """Before vLLM loads anything: does the plan fit the GPU's free memory? Returns the plan to run
+    (with MAX_LEN chosen by the planner when the user left it unset and the default does not fit).
+    gpu: the card's facts; None reads them (nvidia-smi, torch.cuda)."""
+    from hyperqwen.memory import CheckpointError, MemoryPlanError, read_gpu_facts
+    from hyperqwen.preflight import check_memory
+
+    if settings["MEMORY_CHECK"] == "off":
+        return plan
+    gpu = gpu or read_gpu_facts()
+    if gpu is None:
+        print("hyperqwen: no NVIDIA GPU found (nvidia-smi, torch.cuda); memory preflight skipped", file=sys.stderr)
+        return plan
+    try:
+        result = check_memory(settings, gpu)
+    except (MemoryPlanError, CheckpointError) as exc:
+        raise SettingsError([Problem("error", f"memory preflight: {exc}")]) from None
+    if not result.budget.fits:
+        message = ("memory preflight: these settings do not fit the GPU's free memory.\n"
+                   + result.budget.explain_failure()
+                   + "\n(`hyperqwen plan` shows the whole budget; if you measured that it fits, MEMORY_CHECK=warn)")
+        if settings["MEMORY_CHECK"] == "warn":
+            report([Problem("warning", message, "MEMORY_CHECK")])
+            return plan
+        raise SettingsError([Problem("error", message, "MAX_LEN")])
+    if result.chosen_max_len is not None:
+        print(f"hyperqwen: MAX_LEN unset and the default does not fit; the planner chose MAX_LEN="
+              f"{result.chosen_max_len} (set MAX_LEN to choose yourself)", file=sys.stderr)
+        settings = settings.with_value("MAX_LEN", result.chosen_max_len, PLANNER)
+        plan = build_plan(settings, api_key=plan.env.get("VLLM_API_KEY"),
+                          listen_host=environ.get(LISTEN_HOST_ENV) or None, python=plan.argv[0])
+    return plan
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
@@ -101,6 +135,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     problems = check_model_dir(settings)
     if problems:
         report(problems)
+        return 2
+    try:
+        plan = memory_preflight(settings, plan, environ)
+    except SettingsError as exc:
+        report(exc.problems)
         return 2
     sys.stdout.flush()
     sys.stderr.flush()

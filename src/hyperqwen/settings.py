@@ -24,6 +24,7 @@ DEFAULT = "default"
 ENV_FILE = ".env"
 ENVIRONMENT = "environment"
 COMMAND_LINE = "command line"
+PLANNER = "memory planner"
 
 
 def profile_source(mode: str) -> str:
@@ -105,6 +106,12 @@ class Settings(Mapping[str, Any]):
 
     def setting(self, name: str) -> Setting:
         return self.items[name]
+
+    def with_value(self, name: str, value: Any, source: str) -> Settings:
+        """A copy with one knob replaced (e.g. MAX_LEN chosen by the memory planner)."""
+        items = dict(self.items)
+        items[name] = Setting(items[name].knob, value, source)
+        return Settings(self.mode, items, self.problems, self.passthrough_env)
 
     def explicit(self, name: str) -> bool:
         return self.items[name].explicit
