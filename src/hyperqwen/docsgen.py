@@ -31,7 +31,9 @@ def default_text(knob: Knob, mode: str, profiles: dict[str, dict[str, object]]) 
     if knob.secret:
         return "(unset)"
     if value is None:
-        return "auto" if knob.name == "MAX_LEN" and mode == "single" else "(vLLM default)"
+        if mode == "single" and knob.name in ("MAX_LEN", "KV"):
+            return "(from CTX)"
+        return "(vLLM default)"
     if knob.kind == "args" and not value:
         return "(none)"
     return format_value(knob, value) if value != "" else "(empty)"

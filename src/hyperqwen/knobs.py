@@ -151,9 +151,9 @@ KNOBS: tuple[Knob, ...] = (
          tradeoff="fast = bf16 KV, 64k; long = fp8 KV, 128k; huge = int4 KV, 256k (slower, lossier).",
          details=tuple(f"{name}: KV {preset['kv']} ({KV_DTYPES[preset['kv']]}), MAX_LEN {preset['max_len']}"
                        for name, preset in CTX_PRESETS.items())),
-    Knob("KV", "choice", "KV cache dtype for batch mode.", "--kv-cache-dtype", MEMORY, default="fp8",
-         choices=tuple(KV_DTYPES), modes=("batch",),
-         tradeoff="fp8 halves KV bytes vs bf16; int8/int4 per-token-head fit more requests, at some quality cost.",
+    Knob("KV", "choice", "KV cache dtype. Batch mode: its profile sets it; single mode: empty = the CTX preset's.",
+         "--kv-cache-dtype", MEMORY, default=None, choices=tuple(KV_DTYPES),
+         tradeoff="fp8 halves KV bytes vs bf16; int8/int4 per-token-head fit more tokens, at some quality cost.",
          details=tuple(f"{name}: {dtype}" for name, dtype in KV_DTYPES.items())),
     Knob("MAX_LEN", "int", "Longest context (prompt + output) of one request; empty = the mode/CTX default.",
          "--max-model-len", MEMORY, default=None, min=256, max=262144),

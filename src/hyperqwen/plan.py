@@ -54,10 +54,10 @@ class Plan:
 
 
 def kv_cache_dtype(settings: Settings) -> str:
-    """The vLLM --kv-cache-dtype: from CTX in single mode, from KV in batch mode."""
-    if settings.mode == "single":
-        return KV_DTYPES[CTX_PRESETS[settings["CTX"]]["kv"]]
-    return KV_DTYPES[settings["KV"]]
+    """The vLLM --kv-cache-dtype: KV when set (batch's profile sets it), else the single-mode CTX preset's."""
+    if settings["KV"] is not None:
+        return KV_DTYPES[settings["KV"]]
+    return KV_DTYPES[CTX_PRESETS[settings["CTX"]]["kv"]]
 
 
 def max_model_len(settings: Settings) -> int:

@@ -413,8 +413,7 @@ def check_combination(settings: Settings) -> list[Problem]:
 
     for name, setting in settings.items.items():
         if setting.explicit and mode not in setting.knob.modes:
-            other = {"CTX": "in batch mode KV picks the KV dtype and MAX_LEN the context",
-                     "KV": "in single mode CTX picks the KV dtype (fast = bf16, long = fp8, huge = int4)"}
+            other = {"CTX": "in batch mode KV picks the KV dtype and MAX_LEN the context"}
             problems.append(Problem("warning", f"{name} is ignored in {mode} mode: "
                                     + other.get(name, f"it applies to {', '.join(setting.knob.modes)} mode"), name))
 

@@ -60,6 +60,10 @@ def test_ctx_presets_pick_kv_dtype_and_length(ctx):
     assert flag_value(plan.vllm_args, "--max-model-len") == str(CTX_PRESETS[ctx]["max_len"])
 
 
+def test_kv_overrides_the_ctx_preset_in_single_mode():
+    assert flag_value(plan_for({"CTX": "long", "KV": "int8"}).vllm_args, "--kv-cache-dtype") == "int8_per_token_head"
+
+
 def test_max_len_overrides_the_preset():
     assert flag_value(plan_for({"MAX_LEN": "32768"}).vllm_args, "--max-model-len") == "32768"
 
