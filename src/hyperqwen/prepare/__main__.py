@@ -1,0 +1,5 @@
+import sys
+
+from hyperqwen.prepare.cli import main
+
+sys.exit(main())

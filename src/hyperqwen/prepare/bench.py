@@ -1,0 +1,274 @@
+"""Benchmark prepare against a plain file copy of the same bytes (a script, not a test).
+
+    python -m hyperqwen.prepare.bench --workdir /work/tmp/prepare-bench [--body-gib 2] [--scenario lm_head]
+        [--json results.json]
+
+Scenarios, each measured in a fresh child process (wall time, GiB/s of source bytes, peak RSS = the child's
+VmHWM, CPU seconds = the child's user+sys over all its threads):
+  lm_head:    one shard holding a synthetic full-size lm_head (248,320 x 5,120 bf16, 2.37 GiB);
+              prepare requantizes it to int8 group-128.
+  checkpoint: a multi-GB multi-shard checkpoint: W4A16 body shards (hard-linked by prepare), the full-size
+              lm_head and a full-size MTP head (both requantized), tokenizer and config.
+Baseline: `cp`-like streaming copy (16 MiB chunks, fsync) of exactly the source files of the scenario.
+Page cache is warm for both (the source was just written); the machine is not otherwise idle, so results
+are printed with the load average. Results go to stdout and, with --json, to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hyperqwen.prepare.safetensors_io import OutTensor, build_header, f32_to_bf16_bits
+from hyperqwen.prepare.synthetic import FULL, Spec, config_for, write_tokenizer
+
+COPY_SCRIPT = """
+import os, sys
+src, dst = sys.argv[1], sys.argv[2]
+buf = bytearray(16 << 20)
+for root, _, files in os.walk(src):
+    for name in files:
+        s = os.path.join(root, name)
+        d = os.path.join(dst, os.path.relpath(s, src))
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        with open(s, "rb") as fin, open(d, "wb") as fout:
+            while True:
+                n = fin.readinto(buf)
+                if not n:
+                    break
+                fout.write(memoryview(buf)[:n])
+            fout.flush()
+            os.fsync(fout.fileno())
+"""
+
+
+@dataclasses.dataclass
+class Measurement:
+    what: str
+    seconds: float
+    bytes_in: int
+    peak_rss_mib: float
+
+    @property
+    def gib_per_s(self) -> float:
+        return self.bytes_in / 2**30 / self.seconds
+
+
+# Runs a module or a script in the child and, at exit, writes the child's own peak RSS (VmHWM). rusage's
+# ru_maxrss is not used: it also counts the forked copy of this (larger) parent before exec.
+PEAK_WRAPPER = """
+import runpy, sys
+peak_file, kind, target, *rest = sys.argv[1:]
+sys.argv = [target, *rest]
+try:
+    if kind == "module":
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        exec(compile(target, "<bench>", "exec"), {"__name__": "__main__"})
+except SystemExit as exc:
+    if exc.code not in (0, None):
+        raise
+finally:
+    import resource
+    peak = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    open(peak_file, "w").write(f"{peak} {usage.ru_utime + usage.ru_stime}")
+"""
+
+
+def _run_child(kind: str, target: str, args: list[str], peak_file: Path,
+               env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MiB, CPU seconds) of `python -m target args` (kind "module") or a script."""
+    argv = [sys.executable, "-c", PEAK_WRAPPER, str(peak_file), kind, target, *args]
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{target[:40]!r} failed:\n{done.stderr[-3000:]}")
+    peak_kib, cpu_seconds = peak_file.read_text().split()
+    return seconds, int(peak_kib) / 1024, float(cpu_seconds)  # VmHWM is in KiB
+
+
+def _dir_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _write_shard_fast(path: Path, specs: list[Spec], seed: int = 0) -> None:
+    """Like synthetic._write_shard but quick for multi-GB files: a pool of 64 Mi seeded N(0, 0.02) bf16
+    (or random int32) values, written at a different random offset each block. Statistically the same
+    for quantization; generating gigabytes of fresh normals would dominate the benchmark's run time."""
+    rng = np.random.default_rng(seed)
+    pool_elems = 32 << 20
+    bf16_pool = f32_to_bf16_bits(rng.standard_normal(pool_elems * 2, dtype=np.float32) * np.float32(0.02))
+    i32_pool = rng.integers(-(2**31), 2**31, pool_elems * 2, dtype=np.int64).astype("<i4")
+    with open(path, "wb") as out:
+        out.write(build_header([OutTensor(x.name, x.dtype, x.shape) for x in specs], {"format": "pt"}))
+        for spec in specs:
+            count = int(np.prod(spec.shape))
+            if spec.kind == "shape":
+                out.write(np.array(spec.value, "<i8").tobytes())
+                continue
+            if spec.kind == "ones":
+                out.write(f32_to_bf16_bits(np.ones(count, np.float32)).tobytes())
+                continue
+            if spec.kind == "scale4":
+                out.write(f32_to_bf16_bits(rng.uniform(0.001, 0.004, count).astype(np.float32)).tobytes())
+                continue
+            pool = i32_pool if spec.kind == "packed4" else bf16_pool
+            left = count
+            while left:
+                n = min(left, pool_elems)
+                start = int(rng.integers(0, pool_elems))
+                out.write(pool[start:start + n].tobytes())
+                left -= n
+
+
+def make_checkpoint(directory: Path, body_gib: float, with_mtp: bool) -> None:
+    """Full-size lm_head (+ MTP) plus `body_gib` of W4A16-shaped body shards, written in row blocks."""
+    s = FULL
+    directory.mkdir(parents=True)
+    shards: list[list[Spec]] = []
+    ignore = ["lm_head"]
+    # Body: full-size MLP layers in W4A16 layout until body_gib is reached, ~1 GiB per shard.
+    body: list[Spec] = []
+    layer, total = 0, 0
+    while total < body_gib * 2**30:
+        p = f"model.language_model.layers.{layer}.mlp"
+        for proj, (o, i) in {"gate_proj": (s.intermediate, s.hidden), "up_proj": (s.intermediate, s.hidden),
+                             "down_proj": (s.hidden, s.intermediate)}.items():
+            specs = [Spec(f"{p}.{proj}.weight_packed", "I32", (o, i // 8), "packed4"),
+                     Spec(f"{p}.{proj}.weight_scale", "BF16", (o, i // 128), "scale4"),
+                     Spec(f"{p}.{proj}.weight_shape", "I64", (2,), "shape", (o, i))]
+            body += specs
+            total += sum(OutTensor(x.name, x.dtype, x.shape).nbytes for x in specs)
+        if sum(OutTensor(x.name, x.dtype, x.shape).nbytes for x in body) >= 2**30:
+            shards.append(body)
+            body = []
+        layer += 1
+    if body:
+        shards.append(body)
+    shards.append([Spec("lm_head.weight", "BF16", (s.vocab, s.hidden))])
+    if with_mtp:
+        h, q_out, kv_out = s.hidden, s.heads * s.head_dim * 2, s.kv_heads * s.head_dim
+        mtp = [Spec("mtp.fc.weight", "BF16", (h, 2 * h))]
+        dims = {"self_attn.q_proj": (q_out, h), "self_attn.k_proj": (kv_out, h), "self_attn.v_proj": (kv_out, h),
+                "self_attn.o_proj": (h, s.heads * s.head_dim), "mlp.gate_proj": (s.intermediate, h),
+                "mlp.up_proj": (s.intermediate, h), "mlp.down_proj": (h, s.intermediate)}
+        mtp += [Spec(f"mtp.layers.0.{k}.weight", "BF16", v) for k, v in dims.items()]
+        mtp += [Spec(f"mtp.{n}.weight", "BF16", (h,), "ones") for n in ("norm", "pre_fc_norm_hidden",
+                                                                        "pre_fc_norm_embedding")]
+        shards.append(mtp)
+    weight_map, size = {}, 0
+    for i, specs in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        _write_shard_fast(directory / name, specs, seed=i)
+        for x in specs:
+            weight_map[x.name] = name
+            size += OutTensor(x.name, x.dtype, x.shape).nbytes
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": size}, "weight_map": weight_map}, indent=2))
+    config = config_for(s, ignore)
+    config["text_config"]["num_hidden_layers"] = max(1, layer)
+    config["text_config"]["layer_types"] = ["linear_attention"] * max(1, layer)
+    config["text_config"]["mtp_num_hidden_layers"] = 1 if with_mtp else 0
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    write_tokenizer(directory, s.vocab)
+
+
+def check_lm_head(source: Path, prepared: Path, rows: int = 4096) -> float:
+    """Decode a slice of the written int8 lm_head from the file and compare with the source rows, so the
+    benchmark cannot report the speed of a wrong result."""
+    from hyperqwen.prepare.quantize import dequantize
+    from hyperqwen.prepare.safetensors_io import from_float_bits, read_header, read_rows_f32
+
+    index = json.loads((prepared / "model.safetensors.index.json").read_text())["weight_map"]
+    src_index = json.loads((source / "model.safetensors.index.json").read_text())["weight_map"]
+    src_info = read_header(source / src_index["lm_head.weight"]).tensors["lm_head.weight"]
+    out = read_header(prepared / index["lm_head.weight_packed"]).tensors
+    total, cols = src_info.shape
+    begin = total // 2
+    with open(source / src_index["lm_head.weight"], "rb") as handle:
+        original = read_rows_f32(handle, src_info, begin, begin + rows)
+    with open(prepared / index["lm_head.weight_packed"], "rb") as handle:
+        packed_info, scale_info = out["lm_head.weight_packed"], out["lm_head.weight_scale"]
+        handle.seek(packed_info.begin + begin * (cols // 4) * 4)
+        packed = np.frombuffer(handle.read(rows * cols), "<i4").reshape(rows, cols // 4)
+        handle.seek(scale_info.begin + begin * (cols // 128) * 2)
+        scale = from_float_bits(np.frombuffer(handle.read(rows * (cols // 128) * 2), "<u2").reshape(rows, -1), "BF16")
+    restored = dequantize(packed, scale, (rows, cols))
+    return float(np.linalg.norm(restored - original) / np.linalg.norm(original))
+
+
+def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head", "checkpoint")) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    for scenario, gib, mtp in (("lm_head", 0.0, False), ("checkpoint", body_gib, True)):
+        if scenario not in scenarios:
+            continue
+        root = workdir / scenario
+        if root.exists():
+            shutil.rmtree(root)
+        source = root / "source"
+        t0 = time.perf_counter()
+        make_checkpoint(source, gib, mtp)
+        made = time.perf_counter() - t0
+        nbytes = _dir_bytes(source)
+        peak = root / "peak-kib"
+        copy_s, copy_rss, copy_cpu = _run_child("script", COPY_SCRIPT, [str(source), str(root / "copy")], peak)
+        shutil.rmtree(root / "copy")
+        env = {**os.environ, "MODELS_DIR": str(root / "models"), "MODEL": "m", "MODEL_SOURCE_DIR": str(source),
+               "QUANTIZE_EMBED": "0"}
+        prep_s, prep_rss, prep_cpu = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env)
+        manifest = json.loads((root / "models" / "m" / "hyperqwen-manifest.json").read_text())
+        sample_error = check_lm_head(source, root / "models" / "m")
+        if not sample_error < 0.01:
+            raise SystemExit(f"the written lm_head decodes with relative error {sample_error}: wrong result")
+        noop_s, noop_rss, _ = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env)
+        copy = Measurement("plain copy", copy_s, nbytes, copy_rss)
+        prep = Measurement("prepare", prep_s, nbytes, prep_rss)
+        results[scenario] = {
+            "source_bytes": nbytes, "source_gib": round(nbytes / 2**30, 3), "generate_seconds": round(made, 1),
+            "copy": {"seconds": round(copy.seconds, 2), "gib_per_s": round(copy.gib_per_s, 3),
+                     "peak_rss_mib": round(copy.peak_rss_mib, 1), "cpu_seconds": round(copy_cpu, 2)},
+            "prepare": {"seconds": round(prep.seconds, 2), "gib_per_s": round(prep.gib_per_s, 3),
+                        "peak_rss_mib": round(prep.peak_rss_mib, 1), "cpu_seconds": round(prep_cpu, 2)},
+            "loadavg_1min_after": round(os.getloadavg()[0], 1),
+            "prepare_noop_rerun": {"seconds": round(noop_s, 2), "peak_rss_mib": round(noop_rss, 1)},
+            "prepare_speed_vs_copy": round(copy.seconds / prep.seconds, 3),
+            "rel_frobenius_error": {k: v["rel_frobenius_error"] for k, v in manifest["quantized"].items()},
+            "lm_head_rows_decoded_from_file_rel_error": round(sample_error, 6),
+        }
+        print(json.dumps({scenario: results[scenario]}, indent=2), flush=True)
+        shutil.rmtree(root)
+    return {"environment": {"python": platform.python_version(), "machine": platform.machine(),
+                            "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
+                            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
+            "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hyperqwen.prepare.bench", allow_abbrev=False)
+    parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (needs ~4x the data size)")
+    parser.add_argument("--body-gib", type=float, default=2.0, help="GiB of W4A16 body shards in 'checkpoint'")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--scenario", action="append", choices=["lm_head", "checkpoint"],
+                        help="run only this scenario (repeatable; default: both)")
+    args = parser.parse_args(argv)
+    out = bench(args.workdir, args.body_gib, tuple(args.scenario or ("lm_head", "checkpoint")))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
