@@ -25,15 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _options_from_environment() -> PrepareOptions:
-    try:
-        from hyperqwen.settings import SettingsError, resolve_settings  # the lead's typed knobs
-    except ImportError:
-        return PrepareOptions.from_env(os.environ)
-    try:
-        settings = resolve_settings(os.environ)
-    except SettingsError as exc:
-        raise PrepareError(f"bad settings:\n{exc}") from None
-    return PrepareOptions.from_settings(settings)
+    return PrepareOptions.from_env(os.environ)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,25 +15,9 @@ DEFAULT_MODEL_REVISION = "main"
 DEFAULT_MODELS_DIR = "/models"
 DEFAULT_MODEL = "qwen3.8-27b"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def parse_bool(knob: str, value: str) -> bool:
-    text = value.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise PrepareError(f"{knob}={value!r} is not a boolean", fix=f"set {knob} to one of 1/0, true/false, yes/no, on/off",
-                       knob=knob)
-
-
 def mask_secret(value: str) -> str:
-    """Enough to tell two tokens apart in a log, never enough to use one."""
-    if not value:
-        return "(unset)"
-    return f"***{value[-2:]}" if len(value) >= 12 else "***"
+    """Whether a secret is set, and nothing of the secret itself."""
+    return "****" if value else "(unset)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,29 +75,18 @@ class PrepareOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "PrepareOptions":
-        """Read the prepare knobs from an environment mapping (os.environ by default).
+        """Resolve the prepare knobs from an environment mapping (os.environ by default) through the one
+        settings schema, so types, defaults and error messages are the server's."""
+        from hyperqwen.settings import SettingsError, resolve_settings
 
-        A stand-in until the lead's `hyperqwen.settings` builds these; knob names follow CONTRACT.md.
-        """
         env = os.environ if environ is None else environ
-        models_dir = Path(env.get("MODELS_DIR") or DEFAULT_MODELS_DIR).expanduser()
-        model = env.get("MODEL") or DEFAULT_MODEL
-        model_path = Path(model).expanduser()
-        output_dir = model_path if model_path.is_absolute() else models_dir / model_path
-        source = env.get("MODEL_SOURCE_DIR") or ""
-        values: dict[str, Any] = dict(
-            output_dir=output_dir,
-            models_dir=models_dir,
-            repo_id=env.get("MODEL_REPO") or DEFAULT_MODEL_REPO,
-            revision=env.get("MODEL_REVISION") or DEFAULT_MODEL_REVISION,
-            token=env.get("HF_TOKEN") or "",
-            source_dir=Path(source).expanduser() if source else None,
-            offline=parse_bool("HF_HUB_OFFLINE", env.get("HF_HUB_OFFLINE", "")),
-            quantize_embed=parse_bool("QUANTIZE_EMBED", env.get("QUANTIZE_EMBED", "")),
-            hf_endpoint=env.get("HF_ENDPOINT") or None,
-        )
-        values.update(overrides)
-        return cls(**values)
+        try:
+            settings = resolve_settings(env)
+        except SettingsError as exc:
+            first = next((p for p in exc.problems if p.severity == "error"), exc.problems[0])
+            raise PrepareError(first.message, fix="see docs/knobs.md for the allowed values",
+                               knob=first.knob) from None
+        return cls.from_settings(settings, **overrides)
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> "PrepareOptions":

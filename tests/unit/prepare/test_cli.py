@@ -36,7 +36,7 @@ def test_prepare_then_rerun_then_verify_only(env, caplog):
     assert main(["--verify-only"]) == 0
     assert "verified" in caplog.text
     assert "hf_SECRET_value_must_not_leak_42" not in caplog.text
-    assert "***42" in caplog.text  # the masked form is what the log shows
+    assert "'HF_TOKEN': '****'" in caplog.text  # the masked form is what the log shows
 
 
 def test_errors_exit_1_with_the_message(env, monkeypatch, tmp_path, caplog):

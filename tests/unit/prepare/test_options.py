@@ -32,7 +32,7 @@ def test_absolute_model_path_is_not_under_models_dir():
 def test_bad_boolean_names_the_knob(knob):
     with pytest.raises(PrepareError) as info:
         PrepareOptions.from_env({knob: "maybe"})
-    assert knob in str(info.value) and "'maybe'" in str(info.value) and "true/false" in str(info.value)
+    assert knob in str(info.value) and "'maybe'" in str(info.value) and "true | false" in str(info.value)
 
 
 def test_bad_repo_id_is_explained():
@@ -47,4 +47,4 @@ def test_token_never_appears_in_repr_or_description():
     assert token not in repr(options)
     assert token not in str(options.describe())
     assert options.describe()["HF_TOKEN"] == mask_secret(token) != token
-    assert mask_secret("") == "(unset)" and mask_secret("short") == "***"
+    assert mask_secret("") == "(unset)" and mask_secret("short") == "****"
