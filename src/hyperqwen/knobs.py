@@ -129,7 +129,7 @@ KNOBS: tuple[Knob, ...] = (
          "env VLLM_API_KEY", SECURITY, default="api_key.txt",
          tradeoff="create one with: openssl rand -hex 24 > models/api_key.txt"),
     Knob("METRICS_PUBLIC", "bool", "Serve /metrics without the API key (for a scraper that cannot send one).",
-         "hyperqwen: route protection (patches issue)", SECURITY, default=False),
+         "env HYPERQWEN_METRICS_PUBLIC (read by patch 0002)", SECURITY, default=False),
     # --- speculative decoding -------------------------------------------------------------------
     Knob("SPEC", "choice", "Speculative decoding method.",
          "--speculative-config method (mtp | dflash)", SPEED, default="none", choices=SPEC_METHODS,

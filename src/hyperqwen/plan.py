@@ -135,6 +135,8 @@ def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | No
         env["VLLM_API_KEY"] = api_key
     else:
         unset = ("VLLM_API_KEY",)  # an inherited empty or stale value must not half-enable auth
+    # Read by patch 0002 (vLLM's auth middleware); always explicit, so an inherited value cannot open /metrics.
+    env["HYPERQWEN_METRICS_PUBLIC"] = "1" if settings["METRICS_PUBLIC"] else "0"
     if settings["HF_TOKEN"]:
         env["HF_TOKEN"] = settings["HF_TOKEN"]
 
