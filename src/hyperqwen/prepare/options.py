@@ -31,7 +31,7 @@ class PrepareOptions:
     token: str = dataclasses.field(default="", repr=False)
     source_dir: Path | None = None
     offline: bool = False
-    quantize_embed: bool = False
+    quantize_embed: bool = True
     hf_endpoint: str | None = None
     # Where hub downloads land (resumable, kept between runs); default under MODELS_DIR.
     download_dir: Path | None = None

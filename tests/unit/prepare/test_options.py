@@ -11,7 +11,7 @@ def test_defaults_follow_the_contract():
     assert options.repo_id == DEFAULT_MODEL_REPO == "dbirks/Qwen3.8-27B-W4A16-AutoRound"
     assert options.revision == "main"
     assert options.output_dir == Path("/models/qwen3.8-27b")
-    assert options.source_dir is None and not options.offline and not options.quantize_embed
+    assert options.source_dir is None and not options.offline and options.quantize_embed  # default on (patches 0004/0005)
     assert options.source_download_dir == Path("/models/.hyperqwen-source/dbirks--Qwen3.8-27B-W4A16-AutoRound@main")
 
 
