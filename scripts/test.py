@@ -22,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("HYPERQWEN_VENV", ROOT / ".venv"))
 STAMP = VENV / ".hyperqwen-install-stamp"
-# Debian packages the tests use: GNU patch applies patches/series exactly as the image build does.
-APT_PACKAGES = ("patch",)
+# Debian packages the tests use: GNU patch applies patches/series exactly as the image build does;
+# Chromium renders the monitor page in tests/integration/test_monitor_browser.py.
+APT_PACKAGES = {"patch": "patch", "chromium": "chromium"}  # command -> package
 TIMEOUT_SECONDS_PER_TEST = 1200
 
 
@@ -53,7 +54,7 @@ def install_fingerprint() -> str:
 
 
 def ensure_apt_packages() -> None:
-    missing = [name for name in APT_PACKAGES if shutil.which(name) is None]
+    missing = [package for command, package in APT_PACKAGES.items() if shutil.which(command) is None]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:

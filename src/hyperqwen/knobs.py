@@ -194,6 +194,15 @@ KNOBS: tuple[Knob, ...] = (
          "appended to the vLLM command line", API, default="",
          tradeoff="escape hatch; the plan still validates it parses as shell words."),
     # --- operations -----------------------------------------------------------------------------
+    Knob("MONITOR_PORT", "int", "TCP port of the monitor page (docs/monitor.md).",
+         "hyperqwen monitor --port; compose monitor ports", OPERATIONS, default=18021, min=1, max=65535),
+    Knob("MONITOR_INTERVAL", "float", "Seconds between the monitor's scrapes of /metrics.",
+         "hyperqwen monitor --interval", OPERATIONS, default=2.0, min=0.2, max=60,
+         tradeoff="lower = requests finishing close together get separate rows in the table."),
+    Knob("MONITOR_HISTORY", "int", "Seconds of history the monitor's charts keep (in memory).",
+         "hyperqwen monitor --history", OPERATIONS, default=900, min=10, max=86400),
+    Knob("WEBUI_PORT", "int", "Host port of the Open WebUI page (compose profile webui, docs/webui.md).",
+         "compose: webui ports", OPERATIONS, default=18030, min=1, max=65535),
     Knob("SKIP_VERIFY", "bool", "Start the server without running verify.sh first (container entrypoint).",
          "hyperqwen: entrypoint", OPERATIONS, default=False),
     # --- prepare --------------------------------------------------------------------------------

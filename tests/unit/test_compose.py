@@ -60,8 +60,9 @@ def render(
 
 
 def servers(config: dict[str, Any]) -> dict[str, Any]:
-    """Services that publish a port: the model servers."""
-    return {name: svc for name, svc in config.get("services", {}).items() if svc.get("ports")}
+    """Services that reserve a GPU: the model servers (the monitor publishes a port too, but holds no GPU)."""
+    return {name: svc for name, svc in config.get("services", {}).items()
+            if (svc.get("deploy") or {}).get("resources", {}).get("reservations", {}).get("devices")}
 
 
 def models_mount(service: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def test_each_profile_renders_one_server_after_prepare(project: Path, profile: s
     assert list(srv) == [profile], f"profile {profile} must render exactly one server, got {list(srv)}"
     server = srv[profile]
     services = config["services"]
-    assert set(services) == {"prepare", profile}
+    assert set(services) == {"prepare", profile, "monitor"}
 
     prepare = services["prepare"]
     assert prepare["restart"] == "no"

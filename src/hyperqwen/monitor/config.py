@@ -1,0 +1,74 @@
+"""The monitor's settings: command-line flags over knobs (environment / .env), checked before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from hyperqwen.secrets import read_api_key
+from hyperqwen.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, resolve_settings
+
+# Same meaning as in hyperqwen.serve: inside the container the process listens on all interfaces of its own
+# network namespace, while BIND stays the host-side publish address that the exposure check looks at.
+LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    upstream: str  # base URL of the vLLM server, e.g. http://127.0.0.1:18020
+    bind: str  # the address the page is reachable on (host side): decides whether the key is required
+    listen_host: str  # the address this process listens on
+    port: int
+    interval_s: float
+    history_s: int
+    api_key: str | None  # sent upstream as Bearer; required from page visitors when require_key
+    require_key: bool
+
+    @property
+    def max_intervals(self) -> int:
+        return max(1, math.ceil(self.history_s / self.interval_s))
+
+
+def check_upstream(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError([Problem("error", f"--upstream {url!r} is not an http(s) URL; use the server's base "
+                                     "URL, e.g. http://127.0.0.1:18020 (without /v1 or /metrics)")])
+    if parts.path.rstrip("/") in ("/v1", "/metrics"):
+        raise SettingsError([Problem("error", f"--upstream {url!r}: give the server's base URL without "
+                                     f"{parts.path.rstrip('/')}, e.g. {parts.scheme}://{parts.netloc}")])
+    return url.rstrip("/")
+
+
+def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> MonitorConfig:
+    """Resolve flags and knobs. Raises SettingsError (naming the knob or flag) on anything wrong."""
+    settings = resolve_settings(environ)
+    api_key = read_api_key(settings)
+    bind = args.bind or settings["BIND"]
+    listen_host = args.bind or environ.get(LISTEN_HOST_ENV) or bind
+    # A flag, when given, is checked against the same schema entry as its knob.
+    flags = {"MONITOR_PORT": ("--port", args.port), "MONITOR_INTERVAL": ("--interval", args.interval),
+             "MONITOR_HISTORY": ("--history", args.history)}
+    for name, (flag, value) in flags.items():
+        knob = KNOBS_BY_NAME[name]
+        if value is not None and not knob.min <= value <= knob.max:
+            raise SettingsError([Problem("error", f"{flag} {value} is out of range; allowed: {knob.allowed_text()}",
+                                         name)])
+    port, interval, history = (settings[name] if value is None else value for name, (_, value) in flags.items())
+    upstream = check_upstream(args.upstream or f"http://127.0.0.1:{settings['PORT']}")
+    exposed = not is_loopback(bind)
+    if exposed and not api_key:
+        raise SettingsError([Problem(
+            "error",
+            f"BIND={bind} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
+            "    openssl rand -hex 24 > models/api_key.txt\n"
+            f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+            "or keep BIND=127.0.0.1.", "BIND")])
+    if args.require_key and not api_key:
+        raise SettingsError([Problem("error", "--require-key needs an API key: set VLLM_API_KEY or API_KEY_FILE",
+                                     "VLLM_API_KEY")])
+    return MonitorConfig(upstream=upstream, bind=bind, listen_host=listen_host, port=int(port),
+                         interval_s=float(interval), history_s=int(history), api_key=api_key,
+                         require_key=exposed or bool(args.require_key))

