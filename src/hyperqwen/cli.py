@@ -16,6 +16,7 @@ COMMANDS = {
     "serve": "hyperqwen.serve",
     "plan": "hyperqwen.memory.cli",
     "prepare": "hyperqwen.prepare.cli",
+    "draft-vocab-recount": "hyperqwen.prepare.draft_vocab",
     "verify": "hyperqwen.verify",
     "bench": "hyperqwen.bench.cli",
     "monitor": "hyperqwen.monitor",

@@ -224,6 +224,9 @@ KNOBS: tuple[Knob, ...] = (
          max=248320,
          tradeoff="the reference setup used 40960 ids (97.5% coverage, ~10% faster decode, their numbers); "
                   "off until measured on a GPU here."),
+    Knob("DRAFT_VOCAB_IDS", "str", "Token-id counts from `hyperqwen draft-vocab-recount` to choose DRAFT_VOCAB ids by "
+         "instead of the shipped corpus (relative: under MODELS_DIR).", "hyperqwen prepare", PREPARE, default="",
+         tradeoff="counts of the model's own outputs cover more of what it generates than a text corpus."),
 )
 
 KNOBS_BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}

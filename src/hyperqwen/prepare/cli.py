@@ -15,8 +15,9 @@ from hyperqwen.prepare.options import PrepareOptions
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "prepare", help="download, requantize (int8 lm_head/MTP) and verify the model; resumable and crash-safe",
-        description="Reads MODELS_DIR, MODEL, MODEL_REPO, MODEL_REVISION, HF_TOKEN, MODEL_SOURCE_DIR, HF_HUB_OFFLINE "
-                    "and QUANTIZE_EMBED from the environment. Re-running is a no-op once the model is prepared.",
+        description="Reads MODELS_DIR, MODEL, MODEL_REPO, MODEL_REVISION, HF_TOKEN, MODEL_SOURCE_DIR, HF_HUB_OFFLINE, "
+                    "QUANTIZE_EMBED, DRAFT_VOCAB and DRAFT_VOCAB_IDS from the environment. Re-running is a no-op "
+                    "once the model is prepared.",
         allow_abbrev=False)
     parser.add_argument("--verify-only", action="store_true",
                         help="only verify the prepared model directory (tensors, tokenizer, config); write nothing")

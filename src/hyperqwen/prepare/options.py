@@ -41,6 +41,12 @@ class PrepareOptions:
     block_bytes: int = 64 << 20
     check_disk_space: bool = True
     show_progress: bool = True
+    # DRAFT_VOCAB: N most used token ids for the MTP drafter (patch 0007); 0 = off.
+    draft_vocab: int = 0
+    # DRAFT_VOCAB_IDS: counts from `hyperqwen draft-vocab-recount` instead of the shipped corpus.
+    draft_vocab_ids: Path | None = None
+    # The corpus counted when no ids file is given (default: prepare/draft-vocab-corpus/).
+    draft_vocab_corpus: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.repo_id or self.repo_id.count("/") != 1 or any(not p for p in self.repo_id.split("/")):
@@ -50,6 +56,13 @@ class PrepareOptions:
         if not self.revision:
             raise PrepareError("MODEL_REVISION is empty", fix="use a branch, tag or commit, e.g. main",
                                knob="MODEL_REVISION")
+        if self.draft_vocab < 0:
+            raise PrepareError(f"DRAFT_VOCAB={self.draft_vocab} is negative", fix="use 0 (off) or a count such as "
+                               "40960", knob="DRAFT_VOCAB")
+        if self.draft_vocab_ids is not None and not self.draft_vocab:
+            raise PrepareError(f"DRAFT_VOCAB_IDS={str(self.draft_vocab_ids)!r} is set but DRAFT_VOCAB is 0 (off)",
+                               fix="set DRAFT_VOCAB to the number of ids to keep (e.g. 40960), or unset "
+                                   "DRAFT_VOCAB_IDS", knob="DRAFT_VOCAB")
         if not 0 < self.max_rel_error < 1:
             raise PrepareError(f"max_rel_error={self.max_rel_error} must be in (0, 1)")
 
@@ -70,6 +83,8 @@ class PrepareOptions:
             "MODEL_SOURCE_DIR": str(self.source_dir) if self.source_dir else "",
             "HF_HUB_OFFLINE": self.offline,
             "QUANTIZE_EMBED": self.quantize_embed,
+            "DRAFT_VOCAB": self.draft_vocab,
+            "DRAFT_VOCAB_IDS": str(self.draft_vocab_ids) if self.draft_vocab_ids else "",
             "output_dir": str(self.output_dir),
         }
 
@@ -92,6 +107,8 @@ class PrepareOptions:
     def from_settings(cls, settings: Any, **overrides: Any) -> "PrepareOptions":
         """From the lead's typed `Settings` (mapping-like, `settings.model_path`)."""
         source = settings["MODEL_SOURCE_DIR"] or ""
+        # DRAFT_VOCAB_IDS: a path; relative paths are under MODELS_DIR, like MODEL.
+        ids_file = settings["DRAFT_VOCAB_IDS"]
         values: dict[str, Any] = dict(
             output_dir=Path(settings.model_path),
             models_dir=Path(settings["MODELS_DIR"]),
@@ -101,6 +118,8 @@ class PrepareOptions:
             source_dir=Path(source).expanduser() if source else None,
             offline=bool(settings["HF_HUB_OFFLINE"]),
             quantize_embed=bool(settings["QUANTIZE_EMBED"]),
+            draft_vocab=int(settings["DRAFT_VOCAB"]),
+            draft_vocab_ids=(Path(settings["MODELS_DIR"]) / Path(ids_file).expanduser()) if ids_file else None,
             hf_endpoint=os.environ.get("HF_ENDPOINT") or None,
         )
         values.update(overrides)

@@ -39,11 +39,23 @@ from hyperqwen.prepare.atomic import (
 )
 from hyperqwen.prepare.checkpoint import (
     INDEX_NAME,
+    OUR_GROUP,
     Checkpoint,
     Targets,
     find_targets,
     open_checkpoint,
     updated_quantization_config,
+)
+from hyperqwen.prepare.draft_vocab import (
+    DRAFT_FILE,
+    HEAD_MODULE,
+    DraftVocab,
+    corpus_digest,
+    default_corpus_dir,
+    plan_draft_vocab,
+    recipe_parts,
+    text_config_with_key,
+    write_draft_file,
 )
 from hyperqwen.prepare.errors import CheckpointError, DiskSpaceError, PrepareError, QuantizationError
 from hyperqwen.prepare.options import PrepareOptions
@@ -107,6 +119,7 @@ class OutputFile:
     content: bytes | None = None
     entries: list[ShardEntry] | None = None
     metadata: dict[str, str] | None = None
+    draft: DraftVocab | None = None
 
 
 @dataclasses.dataclass
@@ -117,6 +130,7 @@ class Plan:
     outputs: list[OutputFile]
     expected_tensors: dict[str, tuple[str, tuple[int, ...]]]
     request: dict[str, Any]
+    draft: DraftVocab | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -154,8 +168,21 @@ def _request(options: PrepareOptions) -> dict[str, Any]:
     """What the user asked for; a prepared model is reused only for the same request."""
     source = {"source_dir": str(options.source_dir.resolve())} if options.source_dir else {
         "repo": options.repo_id, "revision": options.revision}
-    return {**source, "quantize_embed": options.quantize_embed, "max_rel_error": options.max_rel_error,
-            "scheme": weight_scheme()}
+    request = {**source, "quantize_embed": options.quantize_embed, "max_rel_error": options.max_rel_error,
+               "scheme": weight_scheme()}
+    if options.draft_vocab:  # only when on, so models prepared without it keep their request
+        request["draft_vocab"] = options.draft_vocab
+        request["draft_vocab_corpus"] = corpus_digest(options.draft_vocab_corpus or default_corpus_dir())
+        if options.draft_vocab_ids is not None:
+            request["draft_vocab_ids"] = _file_digest_or_name(options.draft_vocab_ids)
+    return request
+
+
+def _file_digest_or_name(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return str(path)  # planning reports the missing file with the knob's name
 
 
 # --- planning ---------------------------------------------------------------------------------------
@@ -202,16 +229,35 @@ def build_plan(source: Source, options: PrepareOptions) -> Plan:
         outputs.append(OutputFile(name, "link", _digest([TOOL, "link", name, _identity(path)]),
                                   path.stat().st_size, source=path))
     config = dict(ckpt.config)
+    draft = plan_draft_vocab(ckpt, targets, options) if options.draft_vocab else None
+    if draft is not None:
+        if DRAFT_FILE in ckpt.headers:
+            raise CheckpointError(f"{source.directory / DRAFT_FILE} is in the source checkpoint; prepare writes "
+                                  "that file itself", fix="use the original checkpoint as the source")
+        if draft.quantized:
+            group = quant_config["config_groups"][OUR_GROUP]
+            group["targets"] = sorted(set(group["targets"]) | {HEAD_MODULE})
+        config = text_config_with_key(config, draft.size)
+        tensors = draft.tensors()
+        for out in tensors:
+            weight_map[out.name] = DRAFT_FILE
+            expected[out.name] = (out.dtype, out.shape)
+            total_size += out.nbytes
+        metadata = {"format": "pt"}
+        outputs.append(OutputFile(DRAFT_FILE, "draft", _digest([TOOL, "draft", *recipe_parts(draft, options)]),
+                                  len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors),
+                                  metadata=metadata, draft=draft))
     if quant_config is not None:
         config["quantization_config"] = quant_config
     generated_files = {"config.json": (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()}
-    if ckpt.has_index:
+    if ckpt.has_index or draft is not None:
+        # Without an index vLLM loads every *.safetensors, but verify reads only the index: write one.
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
         generated_files[INDEX_NAME] = (json.dumps(index, indent=2) + "\n").encode()
     for name, content in generated_files.items():
         outputs.append(OutputFile(name, "generate", _digest([TOOL, "generate", hashlib.sha256(content).hexdigest()]),
                                   len(content), content=content))
-    return Plan(source, ckpt, targets, outputs, expected, _request(options))
+    return Plan(source, ckpt, targets, outputs, expected, _request(options), draft)
 
 
 # --- producing files ----------------------------------------------------------------------------------
@@ -481,6 +527,16 @@ def _build(plan: Plan, options: PrepareOptions, paths: StatePaths, verified_cach
                 handle.write(out.content)
             sha, size = handle.sha256.hexdigest(), handle.size
             written.append(out.path)
+        elif out.kind == "draft":
+            assert out.draft is not None
+            log.info("writing the draft vocabulary (%d ids) to %s", out.draft.size, out.path)
+            with atomic_write(target) as handle:
+                handle.write(build_header(out.draft.tensors(), out.metadata))
+                write_draft_file(out.draft, handle, on_block=lambda label=f"draft-block:{out.path}": crash_point(label))
+                if handle.size != out.size:
+                    raise PrepareError(f"internal: wrote {handle.size} bytes for {out.path}, planned {out.size}")
+            sha, size = handle.sha256.hexdigest(), handle.size
+            written.append(out.path)
         else:
             log.info("requantizing %s", out.path)
             sha, size, errors = write_rewritten_shard(out, target, options)
@@ -505,6 +561,7 @@ def _build(plan: Plan, options: PrepareOptions, paths: StatePaths, verified_cach
         "source": plan.source.origin,
         "fingerprint": fingerprint,
         "quantized": quantized,
+        **({"draft_vocab": plan.draft.manifest_entry()} if plan.draft is not None else {}),
         "files": {o.path: progress["files"][o.path] for o in sorted(plan.outputs, key=lambda o: o.path)},
     }
     write_json_atomic(paths.staging / MANIFEST_NAME, manifest)

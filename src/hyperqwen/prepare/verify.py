@@ -197,5 +197,8 @@ def verify_checkpoint(directory: Path, expected_dtypes: dict[str, tuple[str, tup
     check_with_safetensors(ckpt)
     quantized = check_quantized_modules(ckpt)
     check_shapes_against_config(ckpt)
+    from hyperqwen.prepare.draft_vocab import check_draft_vocab
+
+    check_draft_vocab(ckpt)
     ids = check_tokenizer(directory, ckpt.text_config.get("vocab_size"))
     return VerifyReport(count, quantized, ids)

@@ -46,8 +46,9 @@ def tree_bytes():
 
 
 def _make_options(source_dir: Path, models_dir: Path, **overrides) -> PrepareOptions:
+    # Baseline without the embedding step (QUANTIZE_EMBED's default is on); tests that exercise it say so.
     values = dict(output_dir=models_dir / "qwen3.8-27b", models_dir=models_dir, source_dir=source_dir,
-                  show_progress=False)
+                  show_progress=False, quantize_embed=False)
     values.update(overrides)
     return PrepareOptions(**values)
 
