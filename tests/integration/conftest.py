@@ -1,0 +1,380 @@
+"""Real vLLM CPU servers for the integration tests, started through `hyperqwen serve`.
+
+Each server fixture is session-scoped: the first test that needs it starts it (about 50-250 s on 2 cores,
+torch.compile skipped via EXTRA_ARGS=--enforce-eager), later tests reuse it, and it is terminated as soon
+as no remaining test needs it (or at session end). Knobs reach the launcher as environment variables,
+exactly as compose passes them. Every server writes its log to a file under one temp folder per session
+(printed at the end of the session and attached to any failing test's report).
+
+Servers (see issue 3; fewest distinct starts that cover every behaviour):
+- smol_server: SmolLM2-135M-Instruct in float32, no speculation. Meaningful answers: SDK/API tests.
+- tiny_qwen_prefix_server: tiny Qwen3.5 model in bfloat16, prefix caching on, SPEC=none, fp16 GDN state.
+  Prefix-cache and thinking tests, and the greedy reference for the MTP exactness test.
+- tiny_qwen_mtp_server: the same model with SPEC=mtp and prefix caching off (the CPU build cannot run the
+  two together; see docs/cpu-limitations.md).
+
+Environment overrides: HYPERQWEN_TEST_MODELS (model cache), HYPERQWEN_TEST_SERVER_TIMEOUT (seconds to wait
+for /health, default 600), HYPERQWEN_TEST_LOG_DIR (keep server logs there instead of a temp folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SERVED_MODEL_NAME = "qwen3.8-27b"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = float(os.environ.get("HYPERQWEN_TEST_SERVER_TIMEOUT", "600"))
+
+# Knobs shared by every test server: what a single-mode compose service would pass, shrunk for a 2-core CPU.
+BASE_KNOBS = {
+    "MODE": "single",
+    "BIND": "127.0.0.1",
+    "SERVED_MODEL_NAME": SERVED_MODEL_NAME,
+    "STATE_DTYPE": "float16",
+    "MAX_LEN": "2048",
+    "MAX_SEQS": "16",
+    # vLLM CPU build: KV cache pool in GiB (DESIGN.md 4).
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # Skip torch.compile: its warm-up dominates a CPU server's start (minutes on a busy 2-core machine)
+    # and the GPU image compiles with a different backend anyway. Passed through the real EXTRA_ARGS knob.
+    # HYPERQWEN_TEST_EXTRA_ARGS overrides it (set it empty to test the compiled CPU path).
+    "EXTRA_ARGS": os.environ.get("HYPERQWEN_TEST_EXTRA_ARGS", "--enforce-eager"),
+}
+
+SMOL_KNOBS = {"DTYPE": "float32", "SPEC": "none", "PREFIX_CACHE": "1"}
+TINY_QWEN_PREFIX_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "1"}
+TINY_QWEN_MTP_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "0"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Everything here needs the vLLM CPU build."""
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.integration)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Server handles
+
+
+@dataclass
+class Server:
+    name: str
+    base_url: str
+    api_key: str
+    served_model_name: str
+    model_dir: Path
+    log_path: Path
+    knobs: dict[str, str]
+    process: subprocess.Popen | None = field(default=None, repr=False)
+    launcher: str = "hyperqwen serve"
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # holds the key: never print it
+    fixture_name: str | None = None  # set for session fixtures: stopped early once no test needs it
+
+    @property
+    def v1_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 150) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def planned_vllm_args(self) -> list[str]:
+        """The vLLM arguments `hyperqwen serve` built for this server (same knobs, same code path)."""
+        from hyperqwen.plan import build_plan
+        from hyperqwen.serve import load_settings
+
+        settings = load_settings(self.env, mode=self.knobs["MODE"], env_file=None)
+        return list(build_plan(settings, api_key=self.api_key).vllm_args)
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def openai(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.v1_url, api_key=self.api_key, max_retries=0, timeout=120, **kwargs)
+
+    def async_openai(self, **kwargs):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.v1_url, api_key=self.api_key, max_retries=0, timeout=300, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """`/metrics` summed by sample name (labels folded), with the key, whatever its protection."""
+        import requests
+        from prometheus_client.parser import text_string_to_metric_families
+
+        response = requests.get(
+            f"{self.base_url}/metrics", headers={"Authorization": f"Bearer {self.api_key}"}, timeout=30
+        )
+        response.raise_for_status()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+        return totals
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _hyperqwen_serve_available() -> bool:
+    try:
+        import hyperqwen.serve  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def launcher_command() -> tuple[list[str], str]:
+    """The command that starts a server from knobs in the environment: `hyperqwen serve --mode single`."""
+    if not _hyperqwen_serve_available():
+        pytest.fail(
+            "hyperqwen.serve is not importable; the integration servers start only through "
+            "`hyperqwen serve` (install the package: pip install -e .[test])"
+        )
+    script = Path(sys.executable).with_name("hyperqwen")
+    if script.exists():
+        return [str(script), "serve", "--mode", "single"], "hyperqwen serve"
+    return [sys.executable, "-m", "hyperqwen.cli", "serve", "--mode", "single"], "python -m hyperqwen.cli serve"
+
+
+def server_env(knobs: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # Knobs the developer's shell might carry must not leak into the test servers.
+    for name in ("VLLM_API_KEY", "API_KEY_FILE", "EXTRA_ARGS", "THINKING", "TOOLS", "KV", "CTX", "KV_MEM"):
+        env.pop(name, None)
+    env.update(knobs)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _wait_healthy(server: Server, timeout_s: float) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not server.is_alive():
+            raise RuntimeError(
+                f"server {server.name} exited with code {server.process.returncode} before /health answered"
+            )
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{server.base_url}/health", timeout=5).status_code == 200:
+                return
+        time.sleep(1.0)
+    raise RuntimeError(f"server {server.name} did not answer /health within {timeout_s:.0f} s")
+
+
+def stop_server(server: Server) -> None:
+    proc = server.process
+    if proc is None or proc.poll() is not None:
+        return
+    # The launcher execs vLLM, which forks an engine core: stop the whole process group we created.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def start_server(name: str, model_dir: Path, knobs: dict[str, str], log_dir: Path) -> Server:
+    port = free_port()
+    api_key = "hq-test-" + secrets.token_hex(16)
+    all_knobs = {**BASE_KNOBS, **knobs, "MODEL": str(model_dir), "PORT": str(port), "VLLM_API_KEY": api_key}
+    command, launcher = launcher_command()
+    log_path = log_dir / f"{name}.log"
+    server = Server(
+        name=name,
+        base_url=f"http://127.0.0.1:{port}",
+        api_key=api_key,
+        served_model_name=SERVED_MODEL_NAME,
+        model_dir=model_dir,
+        log_path=log_path,
+        knobs={k: v for k, v in all_knobs.items() if k != "VLLM_API_KEY"},
+        launcher=launcher,
+        env=server_env(all_knobs),
+    )
+    log_path.write_text(f"# {launcher}: {' '.join(command)}\n# knobs: {server.knobs}\n")
+    # Append mode for the server too, so our own notes (healthy after N s) are never overwritten.
+    with log_path.open("a") as log:
+        server.process = subprocess.Popen(
+            command,
+            env=server.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(log_dir),
+            start_new_session=True,
+        )
+    _RUNNING.append(server)
+    _LOG_DIRS.add(log_dir)
+    started = time.monotonic()
+    try:
+        _wait_healthy(server, STARTUP_TIMEOUT_S)
+    except RuntimeError as exc:
+        _discard(server)
+        pytest.fail(f"{exc}\n--- {log_path} (last lines) ---\n{server.log_tail()}", pytrace=False)
+    except BaseException:  # Ctrl-C while waiting: never leave a server behind
+        _discard(server)
+        raise
+    with log_path.open("a") as log:
+        log.write(f"# healthy after {time.monotonic() - started:.1f} s\n")
+    return server
+
+
+def _discard(server: Server) -> None:
+    stop_server(server)
+    if server in _RUNNING:
+        _RUNNING.remove(server)
+
+
+_RUNNING: list[Server] = []
+_LOG_DIRS: set[Path] = set()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="session")
+def server_log_dir(tmp_path_factory) -> Path:
+    configured = os.environ.get("HYPERQWEN_TEST_LOG_DIR")
+    if configured:
+        path = Path(configured)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("server-logs")
+
+
+@pytest.fixture(scope="session")
+def test_models() -> dict[str, Path]:
+    """Both test models, built on first use and cached (`hyperqwen dev test-models`)."""
+    from hyperqwen.dev import testmodels
+
+    try:
+        return testmodels.ensure_test_models()
+    except testmodels.TestModelError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@contextlib.contextmanager
+def running_server(name: str, model_dir: Path, knobs: dict[str, str], log_dir: Path,
+                   fixture_name: str | None = None) -> Iterator[Server]:
+    server = start_server(name, model_dir, knobs, log_dir)
+    server.fixture_name = fixture_name
+    try:
+        yield server
+    finally:
+        _discard(server)
+
+
+@pytest.fixture(scope="session")
+def server_factory(test_models, server_log_dir):
+    """For a test that needs its own short-lived server: `with server_factory(name, model, knobs) as server:`.
+
+    model is a key of `test_models` ("smollm2" or "tiny-qwen"); knobs are added to BASE_KNOBS.
+    """
+
+    def factory(name: str, model: str, knobs: dict[str, str]):
+        return running_server(name, test_models[model], knobs, server_log_dir)
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def smol_server(test_models, server_log_dir) -> Iterator[Server]:
+    with running_server("smollm2", test_models["smollm2"], SMOL_KNOBS, server_log_dir, "smol_server") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
+    with running_server(
+        "tiny-qwen-prefix", test_models["tiny-qwen"], TINY_QWEN_PREFIX_KNOBS, server_log_dir,
+        "tiny_qwen_prefix_server",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_mtp_server(test_models, server_log_dir) -> Iterator[Server]:
+    with running_server(
+        "tiny-qwen-mtp", test_models["tiny-qwen"], TINY_QWEN_MTP_KNOBS, server_log_dir, "tiny_qwen_mtp_server"
+    ) as server:
+        yield server
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop a session server as soon as no remaining test needs it.
+
+    Session fixtures normally live until the session ends; on a 2-core machine an idle vLLM server still
+    costs RAM and some CPU while the next model's server starts, so it goes early. (Its fixture finalizer
+    later finds it stopped; nothing is restarted because no later test asks for it.)
+    """
+    if nextitem is None or not _RUNNING:
+        return
+    items = item.session.items
+    try:
+        remaining = items[items.index(item) + 1:]
+    except ValueError:
+        return
+    for server in list(_RUNNING):
+        if server.fixture_name and not any(server.fixture_name in it.fixturenames for it in remaining):
+            _discard(server)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Logs on failure
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    for value in funcargs.values():
+        if isinstance(value, Server):
+            report.sections.append((f"server log: {value.name} ({value.log_path})", value.log_tail()))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if exitstatus == 0:
+        return
+    for log_dir in sorted(_LOG_DIRS):
+        terminalreporter.write_line(f"integration server logs kept in {log_dir}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Safety net: a server whose fixture never tore down (e.g. interrupted session) is still stopped.
+    for server in list(_RUNNING):
+        stop_server(server)
