@@ -1,8 +1,9 @@
-"""Integration tests of the patch series' contents (issue #5) on the real vLLM CPU build.
+"""Shared by every test folder: the `needs_patch` marker.
 
-They reuse the session servers of tests/integration/conftest.py. The test environment applies patches/series
-before pytest runs (scripts/test.py); a test marked `@pytest.mark.needs_patch(...)` is skipped, naming the
-patch, when `hyperqwen patches check` does not find it applied exactly.
+The test environment applies patches/series before pytest runs (scripts/test.py). A test marked
+`@pytest.mark.needs_patch("NNNN-name.patch", ...)` is skipped, naming the patch, when `hyperqwen patches check`
+does not find that patch applied exactly; so an unpatched venv reports skips, not failures that are really
+"patches not applied".
 """
 
 from __future__ import annotations
