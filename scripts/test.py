@@ -24,7 +24,8 @@ VENV = Path(os.environ.get("HYPERQWEN_VENV", ROOT / ".venv"))
 STAMP = VENV / ".hyperqwen-install-stamp"
 # Debian packages the tests use: GNU patch applies patches/series exactly as the image build does;
 # Chromium renders the monitor page in tests/integration/test_monitor_browser.py.
-APT_PACKAGES = {"patch": "patch", "chromium": "chromium"}  # command -> package
+# Debian package -> the commands any one of which satisfies it (a CI runner may ship Google Chrome).
+APT_PACKAGES = {"patch": ("patch",), "chromium": ("chromium", "chromium-browser", "google-chrome")}
 TIMEOUT_SECONDS_PER_TEST = 1200
 
 
@@ -54,7 +55,8 @@ def install_fingerprint() -> str:
 
 
 def ensure_apt_packages() -> None:
-    missing = [package for command, package in APT_PACKAGES.items() if shutil.which(command) is None]
+    missing = [package for package, commands in APT_PACKAGES.items()
+               if not any(shutil.which(command) for command in commands)]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
