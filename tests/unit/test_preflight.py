@@ -71,3 +71,17 @@ def test_tiny_card_never_fits_any_length():
     settings = settings_for()
     with pytest.raises(SettingsError, match="do not fit"):
         memory_preflight(settings, build_plan(settings, api_key=None), {}, gpu=fake_gpu("12GiB"))
+
+
+PREPARED = FIXTURE.parent / "qwen3.8-27b-prepared"
+
+
+def test_defaults_on_a_24gib_card_with_the_prepared_checkpoint():
+    """What a 3090/4090 user gets with no .env (docs/memory.md, "The defaults on a 24 GiB card")."""
+    base = {"MODELS_DIR": str(PREPARED.parent), "MODEL": PREPARED.name}
+    batch = check_memory(resolve_settings(base, mode="batch"), fake_gpu("24GiB"))
+    assert batch.budget.fits and batch.chosen_max_len is None
+    single = check_memory(resolve_settings(base, mode="single"), fake_gpu("24GiB"))
+    # MTP with 4 drafts and prefix caching at the CTX=fast 64k default does not fit the planner's margins at
+    # vLLM's default GPU_UTIL; the planner lowers MAX_LEN rather than let vLLM fail at boot.
+    assert single.budget.fits and single.chosen_max_len is not None and 32768 < single.chosen_max_len < 65536

@@ -105,6 +105,25 @@ def qwen3_5_tensors(config: dict, quantized: bool = True) -> list[tuple[str, str
     return out
 
 
+# What `hyperqwen prepare` requantizes to int8 group-128 (compressed-tensors pack-quantized: four int8 per
+# int32 along in_features, one bf16 scale per 128 inputs): lm_head, embed_tokens and the MTP linears.
+def is_requantized_by_prepare(name: str, shape: list[int]) -> bool:
+    return len(shape) == 2 and (name in ("lm_head.weight", "model.language_model.embed_tokens.weight", "mtp.fc.weight")
+                                or (name.startswith("mtp.layers.") and name.endswith("proj.weight")))
+
+
+def as_prepared(tensors: list[tuple[str, str, list[int]]]) -> list[tuple[str, str, list[int]]]:
+    out = []
+    for name, dtype, shape in tensors:
+        if dtype == "BF16" and is_requantized_by_prepare(name, shape):
+            rows, cols = shape
+            base = name.removesuffix(".weight")
+            out += [(f"{base}.weight_packed", "I32", [rows, cols // 4]), (f"{base}.weight_scale", "BF16", [rows, cols // 128])]
+        else:
+            out.append((name, dtype, shape))
+    return out
+
+
 def write_header_only(path: Path, tensors: list[tuple[str, str, list[int]]]) -> None:
     """A safetensors header (with correct data_offsets) and no data: what the planner reads."""
     header: dict = {"__metadata__": {"format": "pt", "note": "header-only fake for hyperqwen memory tests"}}
@@ -120,11 +139,13 @@ def write_header_only(path: Path, tensors: list[tuple[str, str, list[int]]]) -> 
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 
 
-def make_fake_checkpoint(model_dir: Path, quantized: bool = True) -> Path:
+def make_fake_checkpoint(model_dir: Path, quantized: bool = True, prepared: bool = False) -> Path:
+    """prepared: the layout after `hyperqwen prepare` (int8 g128 lm_head, embed_tokens and MTP linears)."""
     config = json.loads((model_dir / "config.json").read_text())
-    write_header_only(model_dir / "model.safetensors", qwen3_5_tensors(config, quantized))
+    tensors = qwen3_5_tensors(config, quantized)
+    write_header_only(model_dir / "model.safetensors", as_prepared(tensors) if prepared else tensors)
     return model_dir
 
 
 if __name__ == "__main__":
-    make_fake_checkpoint(Path(sys.argv[1]))
+    make_fake_checkpoint(Path(sys.argv[1]), prepared="--prepared" in sys.argv[2:])
