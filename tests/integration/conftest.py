@@ -134,6 +134,26 @@ class Server:
         return totals
 
 
+@pytest.fixture(scope="module")
+def single_process_group():
+    """vLLM layers ask for their tensor-parallel rank: a real 1-process gloo group answers (no server)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        with set_current_vllm_config(VllmConfig()):
+            yield
+        return
+    with set_current_vllm_config(VllmConfig()):
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                                    distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+                                                    backend="gloo")
+        parallel_state.initialize_model_parallel(1, 1)
+        yield
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

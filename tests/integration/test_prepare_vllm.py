@@ -93,30 +93,6 @@ def test_vllm_resolves_every_layer_to_the_intended_scheme(prepared):
     assert str(scheme.quant_type) == "uint8b128"
 
 
-@pytest.fixture(scope="module")
-def single_process_group():
-    """vLLM parameters ask for their tensor-parallel rank: a real 1-process gloo group answers."""
-    import socket
-
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
-
-    if parallel_state.model_parallel_is_initialized():
-        yield
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                                    distributed_init_method=f"tcp://127.0.0.1:{port}",
-                                                    backend="gloo")
-        parallel_state.initialize_model_parallel(1, 1)
-        yield
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
-
-
 def test_vllm_parameters_match_the_written_tensors_fake_kernel(prepared, monkeypatch, single_process_group):
     from vllm.model_executor.layers.quantization.compressed_tensors.schemes import compressed_tensors_wNa16 as wna16
     from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32

@@ -14,7 +14,6 @@ draft head in prepare's format instead.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -40,29 +39,6 @@ def _prepared(source: Path, root: Path, n: int) -> Path:
     options = PrepareOptions(output_dir=root / "models" / f"m{n}", models_dir=root / "models", source_dir=source,
                              show_progress=False, draft_vocab=n)
     return prepare(options).output_dir
-
-
-@pytest.fixture(scope="module")
-def single_process_group():
-    """vLLM layers ask for their tensor-parallel rank: a real 1-process gloo group answers."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
-
-    if parallel_state.model_parallel_is_initialized():
-        with set_current_vllm_config(VllmConfig()):
-            yield
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                                    distributed_init_method=f"tcp://127.0.0.1:{port}",
-                                                    backend="gloo")
-        parallel_state.initialize_model_parallel(1, 1)
-        yield
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
 
 
 @pytest.mark.parametrize("n", [100, 128])
