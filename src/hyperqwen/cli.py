@@ -13,7 +13,7 @@ from hyperqwen import __version__
 # Only the chosen command's module is imported, so `hyperqwen serve` (which execs vLLM) stays light and
 # does not need the bench or monitor dependencies.
 COMMANDS = {
-    "serve": "hyperqwen.serve",
+    "serve": "hyperqwen.launch.serve",
     "plan": "hyperqwen.memory.cli",
     "prepare": "hyperqwen.prepare.cli",
     "draft-vocab-recount": "hyperqwen.prepare.draft_vocab",
@@ -22,7 +22,6 @@ COMMANDS = {
     "monitor": "hyperqwen.monitor",
     "patches": "hyperqwen.patches",
     "knobs": "hyperqwen.docsgen",
-    "dev": "hyperqwen.dev",
 }
 
 

@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from hyperqwen.knobs import KNOBS, MODES, SECTIONS, Knob
-from hyperqwen.settings import format_value, profile_defaults
+from hyperqwen.config.knobs import KNOBS, MODES, SECTIONS, Knob
+from hyperqwen.config.settings import format_value, profile_defaults
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_EXAMPLE = ".env.example"

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from hyperqwen.cli import main as hyperqwen_main
-from hyperqwen.settings import KNOBS_BY_NAME, parse_value
+from hyperqwen.config.settings import KNOBS_BY_NAME, parse_value
 
 USAGE = "usage: hyperqwen-entrypoint single|batch|prepare|verify [ARGS...] | COMMAND [ARGS...]"
 

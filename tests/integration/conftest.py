@@ -99,8 +99,8 @@ class Server:
 
     def planned_vllm_args(self) -> list[str]:
         """The vLLM arguments `hyperqwen serve` built for this server (same knobs, same code path)."""
-        from hyperqwen.plan import build_plan
-        from hyperqwen.serve import load_settings
+        from hyperqwen.launch.command import build_plan
+        from hyperqwen.launch.serve import load_settings
 
         settings = load_settings(self.env, mode=self.knobs["MODE"], env_file=None)
         return list(build_plan(settings, api_key=self.api_key).vllm_args)
@@ -162,7 +162,7 @@ def free_port() -> int:
 
 def _hyperqwen_serve_available() -> bool:
     try:
-        import hyperqwen.serve  # noqa: F401
+        import hyperqwen.launch.serve  # noqa: F401
     except ImportError:
         return False
     return True
@@ -172,7 +172,7 @@ def launcher_command() -> tuple[list[str], str]:
     """The command that starts a server from knobs in the environment: `hyperqwen serve --mode single`."""
     if not _hyperqwen_serve_available():
         pytest.fail(
-            "hyperqwen.serve is not importable; the integration servers start only through "
+            "hyperqwen.launch.serve is not importable; the integration servers start only through "
             "`hyperqwen serve` (install the package: pip install -e .[test])"
         )
     script = Path(sys.executable).with_name("hyperqwen")
@@ -295,8 +295,8 @@ def server_log_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def test_models() -> dict[str, Path]:
-    """Both test models, built on first use and cached (`hyperqwen dev test-models`)."""
-    from hyperqwen.dev import testmodels
+    """Both test models, built on first use and cached (`PYTHONPATH=tests python -m support.testmodels`)."""
+    from support import testmodels
 
     try:
         return testmodels.ensure_test_models()

@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.pipeline import prepare
-from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
 
 @pytest.fixture(scope="module")

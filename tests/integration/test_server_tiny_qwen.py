@@ -1,7 +1,7 @@
 """The Qwen3.5 architecture on the vLLM CPU build, through `hyperqwen serve`: thinking switch, prefix caching,
 MTP speculative decoding (exact), and the CPU build's one known gap (MTP + prefix caching).
 
-The model is `tiny-qwen3.5-mtp` from `hyperqwen dev test-models`: random weights, so the tests check
+The model is `tiny-qwen3.5-mtp` from `PYTHONPATH=tests python -m support.testmodels`: random weights, so the tests check
 mechanics (where text lands, cache hits, token-for-token equality), never the meaning of the text.
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from hyperqwen import docsgen
-from hyperqwen.knobs import KNOBS
-from hyperqwen.settings import read_env_file, resolve_settings
+from hyperqwen.config.knobs import KNOBS
+from hyperqwen.config.settings import read_env_file, resolve_settings
 
 
 def test_generated_files_are_current():

@@ -8,9 +8,9 @@ import shlex
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from hyperqwen.knobs import CTX_PRESETS, KNOBS, KV_DTYPES
-from hyperqwen.plan import VLLM_SERVER_MODULE, build_plan
-from hyperqwen.settings import SettingsError, resolve_settings
+from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KV_DTYPES
+from hyperqwen.launch.command import VLLM_SERVER_MODULE, build_plan
+from hyperqwen.config.settings import SettingsError, resolve_settings
 
 KEY = "sk-test-0123456789abcdef"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from hyperqwen.memory import GpuFacts, parse_size
-from hyperqwen.plan import build_plan
-from hyperqwen.preflight import check_memory, memory_knobs
-from hyperqwen.serve import memory_preflight
-from hyperqwen.settings import SettingsError, resolve_settings
+from hyperqwen.launch.command import build_plan
+from hyperqwen.launch.budget import check_memory, memory_knobs
+from hyperqwen.launch.serve import memory_preflight
+from hyperqwen.config.settings import SettingsError, resolve_settings
 
 FIXTURE = Path(__file__).parent / "memory" / "data" / "qwen3.8-27b-w4a16"
 

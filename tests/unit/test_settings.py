@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from hyperqwen.knobs import KNOBS, KNOBS_BY_NAME, MODES
-from hyperqwen.settings import (
+from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, MODES
+from hyperqwen.config.settings import (
     COMMAND_LINE, DEFAULT, ENV_FILE, ENVIRONMENT, SettingsError, did_you_mean, edit_distance, load_profile,
     parse_bytes, profile_defaults, read_env_file, resolve_settings,
 )

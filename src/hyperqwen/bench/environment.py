@@ -68,7 +68,7 @@ def gpu_facts() -> list[dict] | None:
 
 def _knob_names() -> tuple[list[str], set[str]]:
     try:
-        from hyperqwen.knobs import KNOBS
+        from hyperqwen.config.knobs import KNOBS
         return [k.name for k in KNOBS], {k.name for k in KNOBS if k.secret}
     except ImportError:  # the bench also works from a bare checkout without the launcher
         return [], {"VLLM_API_KEY", "HF_TOKEN"}

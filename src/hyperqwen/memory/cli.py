@@ -17,15 +17,15 @@ from hyperqwen.memory.budget import (
     parse_size,
     plan_memory,
 )
-from hyperqwen.knobs import MODES
+from hyperqwen.config.knobs import MODES
 from hyperqwen.memory.checkpoint import CheckpointError
 
 def resolve_knobs(mode: str, sets: dict[str, str], environ: dict[str, str]
                   ) -> tuple[dict[str, object], dict[str, int], Path]:
     """Knobs through the one settings schema (defaults < mode profile < environment < --set), plus the
     measured-term overrides. Returns (planner knobs, term overrides, model directory)."""
-    from hyperqwen.preflight import memory_knobs
-    from hyperqwen.settings import SettingsError, resolve_settings
+    from hyperqwen.launch.budget import memory_knobs
+    from hyperqwen.config.settings import SettingsError, resolve_settings
 
     overrides: dict[str, int] = {}
     knob_sets: dict[str, str] = {}

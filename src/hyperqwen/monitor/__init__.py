@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     from hyperqwen.monitor.config import load_config
-    from hyperqwen.settings import SettingsError
+    from hyperqwen.config.settings import SettingsError
 
     environ = os.environ if environ is None else environ
     try:

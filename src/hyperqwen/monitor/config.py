@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hyperqwen.secrets import read_api_key
-from hyperqwen.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, resolve_settings
+from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, resolve_settings
 
-# Same meaning as in hyperqwen.serve: inside the container the process listens on all interfaces of its own
+# Same meaning as in hyperqwen.launch.serve: inside the container the process listens on all interfaces of its own
 # network namespace, while BIND stays the host-side publish address that the exposure check looks at.
 LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 

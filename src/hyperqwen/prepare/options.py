@@ -92,7 +92,7 @@ class PrepareOptions:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "PrepareOptions":
         """Resolve the prepare knobs from an environment mapping (os.environ by default) through the one
         settings schema, so types, defaults and error messages are the server's."""
-        from hyperqwen.settings import SettingsError, resolve_settings
+        from hyperqwen.config.settings import SettingsError, resolve_settings
 
         env = os.environ if environ is None else environ
         try:

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from hyperqwen.prepare import draft_vocab as dv
 from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.pipeline import prepare
-from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_patch("0007-mtp-draft-vocabulary.patch")]
 

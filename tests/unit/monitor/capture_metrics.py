@@ -36,7 +36,7 @@ def scrape(server) -> str:
 
 
 def main(which: str) -> int:
-    from hyperqwen.dev import testmodels
+    from support import testmodels
 
     models = testmodels.ensure_test_models()
     knobs = {"smollm2": fixtures.SMOL_KNOBS, "tiny-qwen-mtp": fixtures.TINY_QWEN_MTP_KNOBS}[which]

@@ -12,7 +12,7 @@ import pytest
 
 from hyperqwen.monitor import add_arguments, register
 from hyperqwen.monitor.config import load_config
-from hyperqwen.settings import SettingsError
+from hyperqwen.config.settings import SettingsError
 
 KEY = "hq-test-0123456789abcdef0123"
 

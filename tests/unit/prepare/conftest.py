@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hyperqwen.prepare.options import PrepareOptions
-from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -236,7 +236,7 @@ def test_verify_rejects_inconsistent_draft_vocab(pristine_source, models_dir, ma
 
 
 def test_single_file_checkpoint_gains_an_index(tmp_path, make_options):
-    from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+    from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
     # Like the tiny test model: one model.safetensors and no index. vLLM would load the extra shard anyway
     # (it globs *.safetensors without an index), but verify reads the index, so prepare writes one.
@@ -352,7 +352,7 @@ def test_large_head_fused_kernel_rows_equal_requantized_lm_head_rows(tmp_path, m
     # lm_head >= FUSED_MIN_ELEMENTS goes through the numba kernels (as the real 248,320 x 5,120 head does):
     # the draft rows, quantized block by block, must still be the requantized lm_head's rows byte for byte.
     from hyperqwen.prepare.quantize import FUSED_MIN_ELEMENTS
-    from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+    from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
     shape = SyntheticShape(vocab=FUSED_MIN_ELEMENTS // 256, shards=2)
     write_synthetic_checkpoint(tmp_path / "source", shape)

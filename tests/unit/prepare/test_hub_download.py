@@ -132,7 +132,7 @@ def hub(pristine_source):
 def big_hub(tmp_path):
     """A checkpoint whose lm_head shard (~21 MB) is larger than huggingface_hub's 10 MB download chunk, so a
     cut connection leaves whole chunks on disk to resume from."""
-    from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+    from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
     write_synthetic_checkpoint(tmp_path / "big", SyntheticShape(vocab=40960))
     fake = _serve(tmp_path / "big")

@@ -157,7 +157,7 @@ def test_source_change_makes_the_model_stale(source, models_dir, make_options):
 
 
 def test_single_file_checkpoint_without_index(tmp_path, make_options):
-    from hyperqwen.prepare.synthetic import SyntheticShape, write_synthetic_checkpoint
+    from support.synthetic_checkpoint import SyntheticShape, write_synthetic_checkpoint
 
     src = tmp_path / "single"
     layout = write_synthetic_checkpoint(src, SyntheticShape(shards=1))

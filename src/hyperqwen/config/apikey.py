@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hyperqwen.settings import Problem, Settings, SettingsError
+from hyperqwen.config.settings import Problem, Settings, SettingsError
 
 
 def read_api_key(settings: Settings) -> str | None:

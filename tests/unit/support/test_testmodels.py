@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import jinja2
 import pytest
 
-from hyperqwen.dev import register, testmodels
+from support import testmodels
 
 
 # --- cache protocol ------------------------------------------------------------------------------------
@@ -183,20 +183,18 @@ def test_template_renders_text_parts():
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="hyperqwen")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return testmodels.build_parser().parse_args(argv)
 
 
 def test_cli_parses_test_models_options():
-    args = _parse(["dev", "test-models", "--out", "/tmp/x", "--only", "tiny-qwen"])
+    args = _parse(["--out", "/tmp/x", "--only", "tiny-qwen"])
     assert (args.out, args.only, args.force) == ("/tmp/x", "tiny-qwen", False)
     assert callable(args.func)
 
 
 def test_cli_rejects_unknown_model():
     with pytest.raises(SystemExit):
-        _parse(["dev", "test-models", "--only", "llama"])
+        _parse(["--only", "llama"])
 
 
 def test_cli_reuses_current_models_without_building(tmp_path, capsys, monkeypatch):
@@ -210,7 +208,7 @@ def test_cli_reuses_current_models_without_building(tmp_path, capsys, monkeypatc
     for name in testmodels.MODEL_NAMES:
         spec = testmodels.model_spec(name, gguf)
         testmodels.build_atomically(cache, testmodels.DIR_NAMES[name], spec, _write_model)
-    args = _parse(["dev", "test-models", "--out", str(cache)])
+    args = _parse(["--out", str(cache)])
     assert args.func(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines == [f"{name}\t{cache / testmodels.DIR_NAMES[name]}" for name in testmodels.MODEL_NAMES]

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyperqwen.config.sizes import EXAMPLES as SIZE_EXAMPLES
+from hyperqwen.config.sizes import UNIT_RULE
+
 MODES = ("single", "batch")
 
 # Value maps that turn a knob's user-facing choice into vLLM values. They live here, next to the knob,
@@ -79,7 +82,7 @@ class Knob:
                 return f"{self.kind} <= {high}"
             return self.kind
         if self.kind == "bytes":
-            return "bytes: 5368709120, 5GiB, 5.2G, 512MiB"
+            return f"bytes: {SIZE_EXAMPLES} ({UNIT_RULE})"
         if self.kind == "args":
             return "shell-quoted vLLM arguments"
         return "text"

@@ -8,39 +8,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hyperqwen.knobs import KNOBS, MODES
-from hyperqwen.plan import Plan, build_plan
-from hyperqwen.secrets import read_api_key
-from hyperqwen.settings import PLANNER, Problem, Settings, SettingsError, read_env_file, resolve_settings
+from hyperqwen.config.knobs import KNOBS, MODES
+from hyperqwen.launch.command import Plan, build_plan
+from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.load import add_settings_arguments, load_settings, parse_overrides  # noqa: F401 (re-exported)
+from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
 
 # Inside the image the server listens on all interfaces of the container's own network namespace;
 # compose publishes the port on BIND only. Set by the Dockerfile, never by users.
 LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
-    overrides: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SettingsError([Problem("error", f"--set {pair!r}: expected KNOB=VALUE, e.g. --set MAX_LEN=32768")])
-        overrides[name.strip()] = value
-    return overrides
-
-
-def load_settings(environ: Mapping[str, str], *, mode: str | None, env_file: str | None,
-                  overrides: Sequence[str] = ()) -> Settings:
-    """The I/O edge around resolve_settings: reads the .env file (default ./.env when present)."""
-    env_values: dict[str, str] = {}
-    if env_file is not None:
-        path = Path(env_file)
-        if not path.is_file():
-            raise SettingsError([Problem("error", f"--env-file {env_file}: no such file; copy .env.example to .env "
-                                         "or leave --env-file out")])
-        env_values = read_env_file(path)
-    elif Path(".env").is_file():
-        env_values = read_env_file(Path(".env"))
-    return resolve_settings(environ, mode=mode, env_file=env_values, overrides=parse_overrides(overrides))
 
 
 def explain(settings: Settings, plan: Plan | None) -> str:
@@ -85,7 +61,7 @@ def memory_preflight(settings: Settings, plan: Plan, environ: Mapping[str, str],
     (with MAX_LEN chosen by the planner when the user left it unset and the default does not fit).
     gpu: the card's facts; None reads them (nvidia-smi, torch.cuda)."""
     from hyperqwen.memory import CheckpointError, MemoryPlanError, read_gpu_facts
-    from hyperqwen.preflight import check_memory
+    from hyperqwen.launch.budget import check_memory
 
     if settings["MEMORY_CHECK"] == "off":
         return plan

@@ -1,6 +1,6 @@
 """Benchmark prepare against a plain file copy of the same bytes (a script, not a test).
 
-    python -m hyperqwen.prepare.bench --workdir /work/tmp/prepare-bench [--body-gib 2] [--scenario lm_head]
+    python -m support.prepare_bench --workdir /work/tmp/prepare-bench [--body-gib 2] [--scenario lm_head]
         [--json results.json]
 
 Scenarios, each measured in a fresh child process (wall time, GiB/s of source bytes, peak RSS = the child's
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from hyperqwen.prepare.safetensors_io import OutTensor, build_header, f32_to_bf16_bits
-from hyperqwen.prepare.synthetic import FULL, Spec, config_for, write_tokenizer
+from support.synthetic_checkpoint import FULL, Spec, config_for, write_tokenizer
 
 COPY_SCRIPT = """
 import os, sys
@@ -257,7 +257,7 @@ def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hyperqwen.prepare.bench", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m support.prepare_bench", allow_abbrev=False)
     parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (needs ~4x the data size)")
     parser.add_argument("--body-gib", type=float, default=2.0, help="GiB of W4A16 body shards in 'checkpoint'")
     parser.add_argument("--json", type=Path, help="also write the results here")

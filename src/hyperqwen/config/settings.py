@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from hyperqwen.knobs import KNOBS, KNOBS_BY_NAME, MODES, Knob
+from hyperqwen.config.sizes import SizeError, parse_size
+from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, MODES, Knob
 
 DEFAULT = "default"
 ENV_FILE = ".env"
@@ -34,15 +35,6 @@ def profile_source(mode: str) -> str:
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
-# Binary units for the bare and -iB suffixes, decimal for -B (KB, MB, GB), as `docker` and `ls` read them.
-_BYTE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "kb": 1000,
-    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
-    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
-    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
-}
-_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -183,7 +175,10 @@ def parse_value(knob: Knob, raw: str) -> Any:
         if not math.isfinite(value):
             raise _BadValue("is not a finite number")
     elif knob.kind == "bytes":
-        value = parse_bytes(text)
+        try:
+            value = parse_size(text)
+        except SizeError as exc:
+            raise _BadValue(str(exc)) from None
     else:  # pragma: no cover - a knob kind without a parser is a bug in knobs.py
         raise AssertionError(f"unknown knob kind {knob.kind!r}")
     if knob.min is not None and value < knob.min:
@@ -191,19 +186,6 @@ def parse_value(knob: Knob, raw: str) -> Any:
     if knob.max is not None and value > knob.max:
         raise _BadValue("is above the maximum")
     return value
-
-
-def parse_bytes(text: str) -> int:
-    match = _BYTES_RE.match(text)
-    if not match:
-        raise _BadValue("is not a size")
-    number, unit = match.groups()
-    factor = _BYTE_UNITS.get(unit.lower())
-    if factor is None:
-        raise _BadValue(f"has an unknown unit {unit!r}")
-    if "." in number and factor == 1:
-        raise _BadValue("is a fraction of a byte")
-    return int(float(number) * factor) if "." in number else int(number) * factor
 
 
 # --- did you mean ----------------------------------------------------------------------------------
@@ -256,35 +238,6 @@ def _looks_like_ours(name: str) -> str | None:
     return did_you_mean(name, KNOBS_BY_NAME)
 
 
-# --- .env files ------------------------------------------------------------------------------------
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """Parse a docker-compose style .env file: KEY=VALUE lines, optional `export`, quotes, # comments."""
-    values: dict[str, str] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SettingsError([Problem("error", f"{path}: not UTF-8 text ({exc})")]) from None
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.startswith("export "):
-            stripped = stripped[len("export "):].lstrip()
-        name, sep, value = stripped.partition("=")
-        name = name.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise SettingsError([Problem(
-                "error", f"{path}:{lineno}: expected NAME=value, got {line.strip()[:60]!r}")])
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        values[name] = value
-    return values
-
-
 # --- profiles -------------------------------------------------------------------------------------
 
 def profile_path(mode: str) -> Path:
@@ -328,6 +281,7 @@ def resolve_settings(
     env_file: Mapping[str, str] | None = None,
     overrides: Mapping[str, str] | None = None,
     profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    env_file_path: Path | None = None,
 ) -> Settings:
     """Resolve every knob. Pure: reads only its arguments (and the profile files when `profiles` is None).
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hyperqwen.memory import GpuFacts, MemoryBudget, plan_memory
-from hyperqwen.plan import kv_cache_dtype, max_model_len
-from hyperqwen.settings import Settings
+from hyperqwen.launch.command import kv_cache_dtype, max_model_len
+from hyperqwen.config.settings import Settings
 
 
 def memory_knobs(settings: Settings, *, max_len: int | None = None) -> dict[str, object]:

@@ -1,0 +1,1 @@
+"""Config: the knob schema, settings resolution, and the sources they are read from."""

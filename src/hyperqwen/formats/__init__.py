@@ -1,0 +1,1 @@
+"""Low-level file and wire formats, one module per job, used by every caller."""

@@ -1,0 +1,1 @@
+"""Launch: settings -> memory budget -> vLLM command line -> exec."""

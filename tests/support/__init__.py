@@ -1,0 +1,1 @@
+"""Test and benchmark support code (test models, synthetic checkpoints, the prepare benchmark); not shipped."""
