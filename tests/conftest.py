@@ -45,3 +45,4 @@ def pytest_runtest_setup(item):
                     f"{name} is not applied to this vLLM ({state[name]}); run `hyperqwen patches apply` "
                     "(scripts/test.py does it for the test venv)"
                 )
+

@@ -1,4 +1,9 @@
-"""`hyperqwen`: the one command line. Each command lives in its own module and registers itself here."""
+"""`hyperqwen`: the one command line. Each command lives in its own module and registers itself here.
+
+`hyperqwen --help` lists the commands from the table below without importing them, so a base install
+(`pip install hyperqwen`, no extras) answers; choosing a command imports only its module, and a command
+whose optional dependencies are missing exits 2 with one line naming the extra to install.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +11,76 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hyperqwen import __version__
 
-# Command name -> module providing `register(subparsers)`, in the order `--help` lists them.
-# Only the chosen command's module is imported, so `hyperqwen serve` (which execs vLLM) stays light and
-# does not need the bench or monitor dependencies.
-COMMANDS = {
-    "serve": "hyperqwen.launch.serve",
-    "plan": "hyperqwen.memory.cli",
-    "prepare": "hyperqwen.prepare.cli",
-    "draft-vocab-recount": "hyperqwen.prepare.draft_vocab",
-    "verify": "hyperqwen.verify",
-    "bench": "hyperqwen.bench.cli",
-    "monitor": "hyperqwen.monitor",
-    "patches": "hyperqwen.patches",
-    "knobs": "hyperqwen.docsgen",
+
+@dataclass(frozen=True)
+class Command:
+    module: str  # provides `register(subparsers)`
+    help: str
+    extra: str | None = None  # the pip extra its dependencies come from, if any
+
+
+# In the order `--help` lists them.
+COMMANDS: dict[str, Command] = {
+    "serve": Command("hyperqwen.launch.serve", "start the vLLM server for a mode (or print/explain what would start)"),
+    "plan": Command("hyperqwen.memory.cli", "print the GPU memory budget (weights, KV pool, headroom)"),
+    "prepare": Command("hyperqwen.prepare.cli", "download and requantize the model into the models folder",
+                       "prepare"),
+    "draft-vocab-recount": Command("hyperqwen.prepare.draft_vocab",
+                                   "count the token ids a running server generates, for DRAFT_VOCAB_IDS", "prepare"),
+    "verify": Command("hyperqwen.verify", "check the install, the model and (optionally) a running server"),
+    "bench": Command("hyperqwen.bench.cli", "benchmark a running server (speed and correctness gates)", "bench"),
+    "monitor": Command("hyperqwen.monitor", "serve the live monitor page for a running server", "bench"),
+    "patches": Command("hyperqwen.patches", "apply or check the vLLM patch series"),
+    "replicas": Command("hyperqwen.replicas.cli", "check GPUS/TP and write compose.replicas.yaml (one server per card)"),
+    "router": Command("hyperqwen.replicas.router", "serve vllm-router in front of the replicas, behind a key gate",
+                      "router"),
+    "knobs": Command("hyperqwen.docsgen", "regenerate or check .env.example and docs/knobs.md"),
 }
 
 
+class MissingExtraError(SystemExit):
+    pass
+
+
+def _import_command(name: str):
+    command = COMMANDS[name]
+    try:
+        return importlib.import_module(command.module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "a dependency"
+        if missing.split(".")[0] == "hyperqwen":
+            raise
+        extra = command.extra or "all"
+        print(f"hyperqwen {name}: needs the Python package {missing!r}, which is not installed; "
+              f"install it with: pip install 'hyperqwen[{extra}]'", file=sys.stderr)
+        raise MissingExtraError(2) from None
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; `only` names the one command whose module is imported (None: none, for --help)."""
     parser = argparse.ArgumentParser(prog="hyperqwen", allow_abbrev=False,
                                      description="Serve Qwen3.8-27B on one 24 GB GPU with vLLM.")
     parser.add_argument("--version", action="version", version=f"hyperqwen {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in COMMANDS.items():
-        if only is None or name == only:
-            importlib.import_module(module_name).register(subparsers)
+    for name, command in COMMANDS.items():
+        if name == only:
+            _import_command(name).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=command.help, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
-    args = build_parser(only).parse_args(argv)
+    try:
+        args = build_parser(only).parse_args(argv)
+    except MissingExtraError as exc:
+        return int(exc.code or 2)
     return int(args.func(args) or 0)
 
 

@@ -44,7 +44,8 @@ def render_env_example() -> str:
     out = [
         "# HyperQwen settings. Copy to .env and uncomment what you want to change:",
         "#     cp .env.example .env",
-        "# Every line shows the default; where single and batch mode differ, both are given.",
+        "# Every line shows the default; where single and batch mode differ, both are given and the line is",
+        "# empty (each mode keeps its own default until you type a value, which then applies to both modes).",
         "# Empty means unset. Full table with what each knob maps to: docs/knobs.md",
         "# Generated from src/hyperqwen/knobs.py by `hyperqwen knobs --write`; edit that, not this.",
     ]
@@ -56,15 +57,24 @@ def render_env_example() -> str:
                 out.append(f"#   {knob.tradeoff}")
             out.append(f"#   allowed: {knob.allowed_text()}")
             single, batch = (default_text(knob, mode, profiles) for mode in MODES)
+            both_modes = knob.modes == MODES and knob.name != "MODE"
             if single != batch and knob.name != "MODE":
-                out.append(f"#   default: single={single}, batch={batch}")
-            shown = "" if knob.secret else _env_value(knob, profiles)
+                out.append(f"#   default: single={single}, batch={batch}"
+                           + ("; a value here applies to both modes" if both_modes else ""))
+            if knob.name == "MODE":
+                out.append("#   under compose the profile picks the mode; a MODE here must match it or the server refuses")
+            # Where the modes' defaults differ the line is left empty (= each mode's own default), so uncommenting
+            # it changes nothing until a value is typed; the comment above says that value applies to both modes.
+            differs = single != batch and both_modes
+            shown = "" if knob.secret or differs or knob.name == "MODE" else _env_value(knob, profiles)
             out.append(f"#{knob.name}={shown}")
     return "\n".join(out) + "\n"
 
 
 def _env_value(knob: Knob, profiles: dict[str, dict[str, object]]) -> str:
     """The value to show on the commented-out line: the single-mode default when it applies."""
+    if knob.example is not None:
+        return knob.example
     mode = "single" if "single" in knob.modes else "batch"
     value = profiles[mode].get(knob.name, knob.default)
     if value is None or (knob.kind == "args" and not value):

@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import urllib.error
@@ -197,31 +196,15 @@ def run_install_checks(report: Report, patches_dir: Path | None = None, target: 
 # Model checks
 
 
-def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The JSON header of a .safetensors file and the byte count the file must have at least."""
-    with path.open("rb") as f:
-        raw_len = f.read(8)
-        if len(raw_len) != 8:
-            raise ValueError("shorter than the 8-byte header length")
-        (header_len,) = struct.unpack("<Q", raw_len)
-        if header_len > 100 * 1024 * 1024:
-            raise ValueError(f"header length {header_len} is not plausible")
-        header = json.loads(f.read(header_len))
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return header, 8 + header_len + max(ends, default=0)
-
-
 def _check_shard(report: Report, shard: Path) -> set[str] | None:
+    from hyperqwen.formats.safetensors import SafetensorsError, read_header
+
     try:
-        header, needed = _safetensors_header(shard)
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        report.fail("model", f"{shard}: not a readable safetensors file ({exc}); re-run prepare")
+        header = read_header(shard)
+    except SafetensorsError as exc:
+        report.fail("model", f"{shard}: not a readable safetensors file ({exc.problem}); re-run prepare")
         return None
-    size = shard.stat().st_size
-    if size < needed:
-        report.fail("model", f"{shard}: truncated ({size} bytes, its header needs {needed}); re-run prepare")
-        return None
-    return {k for k in header if k != "__metadata__"}
+    return set(header.tensors)
 
 
 def check_model_dir(report: Report, model_dir: Path) -> None:
@@ -301,20 +284,10 @@ class GpuInfo:
 
 
 def query_gpus(nvidia_smi: str) -> list[GpuInfo]:
-    fields = "index,name,memory.total,memory.used,compute_cap,driver_version"
-    proc = subprocess.run(
-        [nvidia_smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError((proc.stderr or proc.stdout).strip() or f"exit code {proc.returncode}")
+    from hyperqwen.memory.gpu import query_nvidia_smi  # the one nvidia-smi reader (raises GpuQueryError)
+
     gpus = []
-    for line in proc.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 6:
-            raise RuntimeError(f"unexpected nvidia-smi line {line!r}")
+    for parts in query_nvidia_smi("index,name,memory.total,memory.used,compute_cap,driver_version", exe=nvidia_smi):
         major, _, minor = parts[4].partition(".")
         gpus.append(GpuInfo(parts[0], parts[1], int(parts[2]), int(parts[3]), (int(major), int(minor or 0)), parts[5]))
     return gpus
@@ -394,20 +367,22 @@ class Deployment:
     served_model_name: str
 
 
-def resolve_deployment(environ: Mapping[str, str]) -> Deployment:
-    """Read MODEL, MODELS_DIR, the key, BIND and SERVED_MODEL_NAME exactly as `hyperqwen serve` does."""
+def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | None = None) -> Deployment:
+    """Read MODEL, MODELS_DIR, the key, BIND and SERVED_MODEL_NAME exactly as `hyperqwen serve` does
+    (the one settings loader: defaults < mode profile < .env < environment < --set)."""
     from hyperqwen.config.apikey import read_api_key
-    from hyperqwen.config.settings import resolve_settings
+    from hyperqwen.config.load import settings_from_args
 
-    settings = resolve_settings(environ)
+    settings = settings_from_args(args or argparse.Namespace(), environ)
     return Deployment(settings.model_path, read_api_key(settings), settings["BIND"], settings["SERVED_MODEL_NAME"])
 
 
-def check_settings(report: Report, environ: Mapping[str, str]) -> Deployment | None:
+def check_settings(report: Report, environ: Mapping[str, str],
+                   args: argparse.Namespace | None = None) -> Deployment | None:
     from hyperqwen.config.settings import SettingsError, is_loopback
 
     try:
-        dep = resolve_deployment(environ)
+        dep = resolve_deployment(environ, args)
     except SettingsError as exc:
         for problem in exc.problems:
             (report.fail if problem.severity == "error" else report.warn)("settings", problem.message)
@@ -591,7 +566,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, out:
                 report.fail("auth", f"--api-key-file: {exc}")
                 return report.summary()
         else:
-            dep = check_settings(report, environ)
+            dep = check_settings(report, environ, args)
             key = dep.api_key if dep else None
         check_server(report, args.server, key, args.model)
         return report.summary()
@@ -599,7 +574,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, out:
     run_install_checks(report, patches_dir, target)
     if args.install:
         return report.summary()
-    dep = check_settings(report, environ)
+    dep = check_settings(report, environ, args)
     if args.model_dir:
         check_model_dir(report, Path(args.model_dir))
     elif dep is not None:
@@ -626,6 +601,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only GET http://127.0.0.1:$PORT/health (the container healthcheck); exit 0 when 200",
     )
+    from hyperqwen.config.load import add_settings_arguments
+
+    add_settings_arguments(parser)
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU checks (CPU-only machines)")
     parser.add_argument("--model-dir", help="check this model directory instead of MODELS_DIR/MODEL")
     parser.add_argument("--model", help="with --server: the served model name to use (default: the first listed)")

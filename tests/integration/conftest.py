@@ -99,11 +99,11 @@ class Server:
 
     def planned_vllm_args(self) -> list[str]:
         """The vLLM arguments `hyperqwen serve` built for this server (same knobs, same code path)."""
-        from hyperqwen.launch.command import build_plan
-        from hyperqwen.launch.serve import load_settings
+        from hyperqwen.config.load import load_settings
+        from hyperqwen.launch.command import build_command
 
         settings = load_settings(self.env, mode=self.knobs["MODE"], env_file=None)
-        return list(build_plan(settings, api_key=self.api_key).vllm_args)
+        return list(build_command(settings, api_key=self.api_key).vllm_args)
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -224,9 +224,11 @@ def stop_server(server: Server) -> None:
         proc.wait(timeout=10)
 
 
-def start_server(name: str, model_dir: Path, knobs: dict[str, str], log_dir: Path) -> Server:
+def start_server(name: str, model_dir: Path, knobs: dict[str, str], log_dir: Path,
+                 api_key: str | None = None) -> Server:
     port = free_port()
-    api_key = "hq-test-" + secrets.token_hex(16)
+    # api_key: replicas behind one router share one key (as they share api_key.txt); default: a fresh one.
+    api_key = api_key or "hq-test-" + secrets.token_hex(16)
     all_knobs = {**BASE_KNOBS, **knobs, "MODEL": str(model_dir), "PORT": str(port), "VLLM_API_KEY": api_key}
     command, launcher = launcher_command()
     log_path = log_dir / f"{name}.log"
@@ -306,8 +308,8 @@ def test_models() -> dict[str, Path]:
 
 @contextlib.contextmanager
 def running_server(name: str, model_dir: Path, knobs: dict[str, str], log_dir: Path,
-                   fixture_name: str | None = None) -> Iterator[Server]:
-    server = start_server(name, model_dir, knobs, log_dir)
+                   fixture_name: str | None = None, api_key: str | None = None) -> Iterator[Server]:
+    server = start_server(name, model_dir, knobs, log_dir, api_key)
     server.fixture_name = fixture_name
     try:
         yield server
@@ -322,8 +324,8 @@ def server_factory(test_models, server_log_dir):
     model is a key of `test_models` ("smollm2" or "tiny-qwen"); knobs are added to BASE_KNOBS.
     """
 
-    def factory(name: str, model: str, knobs: dict[str, str]):
-        return running_server(name, test_models[model], knobs, server_log_dir)
+    def factory(name: str, model: str, knobs: dict[str, str], api_key: str | None = None):
+        return running_server(name, test_models[model], knobs, server_log_dir, api_key=api_key)
 
     return factory
 

@@ -49,7 +49,6 @@ def registered_routes(server) -> list[tuple[str, str]]:
     adds is seen here before it is seen in production.
     """
     from starlette.routing import Mount
-
     from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -69,7 +68,15 @@ def registered_routes(server) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def routes(smol_server) -> list[tuple[str, str]]:
-    return registered_routes(smol_server)
+    """The app's routes, plus every operation the running server itself documents in /openapi.json (read with
+    the key), so a route the live server has and the in-process app lacks is probed too."""
+    found = set(registered_routes(smol_server))
+    response = requests.get(f"{smol_server.base_url}/openapi.json",
+                            headers={"Authorization": f"Bearer {smol_server.api_key}"}, timeout=30)
+    response.raise_for_status()
+    live = {(method.upper(), path) for path, ops in response.json()["paths"].items() for method in ops}
+    assert len(live) >= 20, live
+    return sorted(found | live)
 
 
 def probe(server, method: str, path: str, headers: dict[str, str] | None = None) -> requests.Response:
@@ -162,3 +169,81 @@ def test_api_key_not_in_print_output(smol_server):
     assert "vllm.entrypoints.openai.api_server" in result.stdout
     assert "VLLM_API_KEY" in result.stdout
     assert smol_server.api_key not in result.stdout + result.stderr
+
+
+# --- every method x every route x path tricks, raw HTTP (no client-side path normalisation) -------------------
+
+# Every method a client can put on the request line: the standard ones, WebDAV's and a made-up one. vLLM's
+# /metrics mount answers any of them, so none may be special (OPTIONS used to skip the key).
+PROBE_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "PROPFIND", "FOO")
+# Spellings of protected paths a proxy, router or the server itself might resolve differently.
+PATH_TRICKS = ("/v1/../metrics", "//metrics", "/%2Fmetrics", "/metrics%2F", "/METRICS", "/Metrics", "/metrics;x",
+               "/health/../metrics", "/health%2F..%2Fmetrics", "/ping/../invocations", "/./metrics", "/metrics/",
+               "/metricsX", "/metrics/x/y", "/v1/models/../../metrics", "/%6detrics", "/health;/../metrics",
+               "/health?/../metrics", "/health#/../metrics", "/v1%2fmodels", "/V1/models", "//v1/models")
+HOST_TRICKS = ({"Host": "localhost"}, {"Host": "127.0.0.1:1"}, {"X-Forwarded-Prefix": "/health"},
+               {"X-Forwarded-For": "127.0.0.1"}, {"X-Original-URL": "/health"}, {"X-Rewrite-URL": "/health"},
+               {"X-Forwarded-Host": "localhost", "X-Forwarded-Proto": "https"})
+
+
+def raw_request(server, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """One request with the path exactly as given (requests/httpx would resolve `..` and `%2F` first)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        body = b"{}" if method in ("POST", "PUT", "PATCH") else None
+        sent = {"Content-Type": "application/json"} if body else {}
+        conn.request(method, path, body=body, headers={**sent, **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def live_paths(routes) -> list[str]:
+    return sorted({re.sub(r"\{[^}]+\}", "probe-id", path) for _, path in routes})
+
+
+def test_every_method_on_every_route_needs_the_key(routes, smol_server):
+    """Each route the live app registers x each method, without a key and with wrong keys: only /health and
+    /ping answer, and nothing that looks like metrics or a model answer comes back."""
+    failures = []
+    for path in live_paths(routes):
+        for method in PROBE_METHODS:
+            for headers in (None, {"Authorization": "Bearer not-the-key"}, {"x-api-key": "not-the-key"},
+                            {"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"}):
+                status, body = raw_request(smol_server, method, path, headers)
+                if path in OPEN_BY_DESIGN:
+                    continue
+                if status != 401 or b"vllm:" in body:
+                    failures.append((method, path, headers, status, body[:80]))
+    assert not failures, failures[:20]
+
+
+@pytest.mark.parametrize("path", PATH_TRICKS)
+def test_path_tricks_are_refused(smol_server, path):
+    for method in ("GET", "POST", "OPTIONS"):
+        for headers in (None, *HOST_TRICKS):
+            status, body = raw_request(smol_server, method, path, headers)
+            assert status in (401, 404), (method, path, headers, status, body[:200])
+            assert b"vllm:" not in body and b"# TYPE" not in body
+
+
+def test_refused_websocket_logs_one_line(smol_server):
+    """A WebSocket without the key is closed before accept (HTTP 403); the server logs that one line and no
+    'ASGI callable returned without completing handshake' error."""
+    websockets = pytest.importorskip("websockets.sync.client")
+    url = smol_server.base_url.replace("http://", "ws://") + "/v1/realtime"
+    before = len(smol_server.log_text().splitlines())
+    with pytest.raises(Exception) as refused:  # websockets raises InvalidStatus for a refused handshake
+        websockets.connect(url, open_timeout=30).close()
+    assert "403" in str(refused.value)
+    import time
+
+    time.sleep(1)
+    new = smol_server.log_text().splitlines()[before:]
+    assert not [line for line in new if "without completing handshake" in line or "Traceback" in line], new
+    assert [line for line in new if "/v1/realtime" in line and "403" in line], new

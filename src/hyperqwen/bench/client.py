@@ -10,16 +10,9 @@ from typing import Any, Self
 import aiohttp
 
 from hyperqwen.bench.definitions import RequestRecord
+from hyperqwen.bench.errors import BenchError, mask_key
 
-
-class BenchError(RuntimeError):
-    """A problem the user must fix (unreachable server, bad key, bad input); printed without a traceback."""
-
-
-def mask_key(key: str | None) -> str:
-    if not key:
-        return "(none)"
-    return "***"
+__all__ = ["BenchClient", "BenchError", "mask_key", "normalize_base_url"]
 
 
 def normalize_base_url(url: str) -> str:
@@ -60,6 +53,15 @@ class BenchClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=30.0)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        # Problems that do not stop a run but change how to read it (e.g. no usage in the stream).
+        self.warnings: dict[str, str] = {}
+        # Every generation request of the run and those that failed: a run whose requests mostly failed
+        # must not exit 0 with an all-dash table (the cli turns these into the `requests` gate).
+        self.requests_total = 0
+        self.requests_failed = 0
+        self.first_error: str | None = None
+        self.on_request_done: list = []  # callbacks (progress bars), called once per finished request
+        self.chat_extra: dict[str, Any] = {}  # sent with every chat request (e.g. chat_template_kwargs)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -96,19 +98,30 @@ class BenchClient:
                 status, text = response.status, await response.text()
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise BenchError(f"cannot reach {self.base_url}/v1/models ({type(exc).__name__}: {exc}); is the server up "
-                             "and --url right?")
+                             "and --url right?") from None
         if status == 401:
             raise BenchError(f"{self.base_url} answered 401: --api-key (given: {mask_key(self.api_key)}) is wrong "
                              "or missing")
         if status != 200:
             raise BenchError(f"GET {self.base_url}/v1/models answered {status}: {text[:200]}")
+        try:
+            data = json.loads(text).get("data") or []
+        except (ValueError, AttributeError):
+            data = []
         if self.model:
+            self.model_card = next((card for card in data if card.get("id") == self.model), {})
             return self.model
-        data = json.loads(text).get("data") or []
         if not data:
             raise BenchError(f"{self.base_url}/v1/models lists no model; pass --model NAME")
         self.model = data[0]["id"]
+        self.model_card = data[0]
         return self.model
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The served context length (vLLM lists max_model_len in /v1/models); None when not said."""
+        value = getattr(self, "model_card", {}).get("max_model_len")
+        return int(value) if isinstance(value, int | float) else None
 
     async def get_text(self, path: str) -> str | None:
         """Body of GET path, or None when the server does not serve it (other engines)."""
@@ -154,17 +167,42 @@ class BenchClient:
             await self.get_text("/v1/models")
         await asyncio.gather(*(touch() for _ in range(max(1, connections))))
 
+    def _count(self, error: str | None) -> None:
+        self.requests_total += 1
+        if error is not None:
+            self.requests_failed += 1
+            self.first_error = self.first_error or error
+        for callback in self.on_request_done:
+            callback()
+
     async def post_json(self, path: str, payload: dict) -> dict:
-        payload = {"model": self.model, **payload}
+        extra = self.chat_extra if path == "/v1/chat/completions" else {}
+        payload = {"model": self.model, **extra, **payload}
         try:
             async with self.session.post(self._url(path), json=payload) as response:
                 text = await response.text()
                 status = response.status
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise BenchError(f"POST {path} failed: {exc!r}")
+            self._count(f"{type(exc).__name__}: {exc}")
+            raise BenchError(f"POST {path} failed: {exc!r}") from None
         if status != 200:
+            self._count(f"HTTP {status}: {text[:300]}")
             raise BenchError(f"POST {path} answered {status}: {text[:300]}")
+        self._count(None)
         return json.loads(text)
+
+    async def get_json(self, path: str) -> tuple[int, dict | None]:
+        """(status, JSON body) of an authenticated GET; (0, None) when the server does not answer."""
+        try:
+            async with self.session.get(self._url(path)) as response:
+                status, text = response.status, await response.text()
+        except (TimeoutError, aiohttp.ClientError):
+            return 0, None
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return status, None
+        return status, body if isinstance(body, dict) else None
 
     # ---- streaming -------------------------------------------------------------------------------
     async def stream(self, path: str, payload: dict[str, Any]) -> RequestRecord:
@@ -192,10 +230,29 @@ class BenchClient:
         if usage and usage.get("completion_tokens") is not None:
             record.output_tokens = int(usage["completion_tokens"])
             record.prompt_tokens = usage.get("prompt_tokens")
+        elif record.error is None:
+            await self._count_without_usage(record)
+        if record.error is None and record.t_first is None and record.finish_reason is None:
+            # A 200 stream that neither carried output nor finished is a failed request.
+            record.error = "the stream ended without output or a finish reason"
+        self._count(record.error)
+        return record
+
+    async def _count_without_usage(self, record: RequestRecord) -> None:
+        """No `usage` in the stream (the server ignored stream_options): count the text with the server's
+        tokenizer; chunks only as the last resort, since one chunk can carry several tokens."""
+        counted = await self.count_tokens(record.reasoning + record.text) if record.text or record.reasoning else 0
+        if counted is not None:
+            record.output_tokens = counted
+            record.output_tokens_source = "tokenize"
+            self.warnings.setdefault("no_usage", "the server sent no `usage` in the stream (stream_options."
+                                     "include_usage ignored); output tokens were counted with its /tokenize route")
         else:
             record.output_tokens = record.output_chunks
             record.output_tokens_source = "chunks"
-        return record
+            self.warnings["no_usage_no_tokenize"] = (
+                "the server sent no `usage` in the stream and has no /tokenize route: output tokens are counted "
+                "as chunks, so every token-based number (decode, TPOT, aggregate) is unreliable")
 
     @staticmethod
     async def _consume(response: aiohttp.ClientResponse, record: RequestRecord, state: dict) -> None:
@@ -231,12 +288,14 @@ class BenchClient:
                     record.finish_reason = choice["finish_reason"]
             if carried:
                 record.output_chunks += 1
+                record.chunk_times.append(now)
                 if record.t_first is None:
                     record.t_first = now
                 record.t_last = now
 
     async def stream_chat(self, messages: list[dict], max_tokens: int, **params) -> RequestRecord:
-        return await self.stream("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens, **params})
+        return await self.stream("/v1/chat/completions",
+                                 {"messages": messages, "max_tokens": max_tokens, **self.chat_extra, **params})
 
     async def stream_completion(self, prompt: str, max_tokens: int, **params) -> RequestRecord:
         return await self.stream("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **params})

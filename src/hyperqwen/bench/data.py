@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperqwen.bench.client import BenchError
+from hyperqwen.bench.errors import BenchError
 
 DATA_ENV = "HYPERQWEN_BENCH_DATA"
 

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-DEFINITIONS_VERSION = 1
+DEFINITIONS_VERSION = 2
 
 DEFINITIONS: dict[str, str] = {
     "ttft_s": (
@@ -24,16 +24,36 @@ DEFINITIONS: dict[str, str] = {
         "Output tokens: `usage.completion_tokens` from the server's final streamed chunk "
         "(the request sets `stream_options.include_usage`); chunks are never counted as tokens, "
         "because one chunk can carry several tokens (speculative decoding). If a server sends no usage, "
-        "the result says `output_tokens_source: chunks` and the decode numbers are marked unreliable."
+        "the run warns and counts the streamed text with the server's `/tokenize` route "
+        "(`output_tokens_source: tokenize`); only when that fails too are chunks counted "
+        "(`output_tokens_source: chunks`) and the decode numbers marked unreliable."
     ),
     "decode_tok_s": (
-        "Per-stream decode rate, tokens/s: (output tokens - 1) / (t_last - t_first), where t_first and "
+        "Per-stream decode rate (ours), tokens/s: (output tokens - 1) / (t_last - t_first), where t_first and "
         "t_last are the arrival times of the first and last output-bearing chunks of that stream. "
         "Undefined (omitted) for streams with fewer than 2 output tokens or a single output chunk."
     ),
     "tpot_ms": (
-        "TPOT (time per output token), milliseconds: (t_last - t_first) / (output tokens - 1) x 1000, "
-        "the reciprocal of the per-stream decode rate; same inclusion rule."
+        "TPOT (time per output token), milliseconds, as `vllm bench serve` defines it "
+        "(vllm/benchmarks/serve.py, calculate_metrics): (latency - TTFT) / (output tokens - 1) x 1000 with "
+        "latency the arrival of the last output-bearing chunk, i.e. (t_last - t_first) / (output tokens - 1); "
+        "requests with 1 output token have none. The reciprocal of the per-stream decode rate."
+    ),
+    "itl_ms": (
+        "ITL (inter-token latency), milliseconds, as `vllm bench serve` defines it "
+        "(vllm/benchmarks/lib/endpoint_request_func.py): the gaps between successive output-bearing chunks of "
+        "a stream, pooled over all requests of a cohort. A chunk carrying several tokens (speculative "
+        "decoding) is one gap, so ITL is per chunk, not per token."
+    ),
+    "decode_reference_tok_s": (
+        "Decode rate by the reference's definition, tokens/s: C x 1000 / mean TPOT (ms), C the cohort's "
+        "concurrency and the mean over its requests; what the reference setup published from `vllm bench "
+        "serve`. Shown beside ours; for C1 it equals 1000 / mean TPOT."
+    ),
+    "steady_decode_tok_s": (
+        "Steady-state decode, tokens/s: output tokens that arrived while every stream of the cohort was "
+        "decoding (from the latest first chunk to the earliest last chunk) divided by that window; a "
+        "request's tokens are spread evenly over its chunks. Excludes ramp-up and tail, unlike aggregate."
     ),
     "e2e_s": "End-to-end latency, seconds: from the same send moment as TTFT to the end of its stream.",
     "aggregate_tok_s": (
@@ -58,9 +78,10 @@ DEFINITIONS: dict[str, str] = {
         "Draft acceptance rate: delta(vllm:spec_decode_num_accepted_tokens_total) / "
         "delta(vllm:spec_decode_num_draft_tokens_total)."
     ),
-    "median_p90": (
-        "Median and p90: percentiles with linear interpolation between closest ranks "
-        "(Hyndman-Fan type 7, as numpy's default), over the requests of one cohort."
+    "statistics": (
+        "Mean, median, p90 and p99: the arithmetic mean and percentiles with linear interpolation between "
+        "closest ranks (Hyndman-Fan type 7, numpy's default, which `vllm bench serve` uses), over the "
+        "requests of one cohort (over the pooled gaps for ITL)."
     ),
     "salt": (
         "Salting: when the prefix cache must not help, every prompt starts with a unique line "
@@ -86,13 +107,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summarize(values: Iterable[float | None]) -> dict | None:
-    """Median, p90, mean, min, max and count of the defined values; None when there are none."""
+    """Mean, median, p90, p99, min, max and count of the defined values; None when there are none."""
     present = [float(v) for v in values if v is not None]
     if not present:
         return None
     return {
         "median": percentile(present, 50),
         "p90": percentile(present, 90),
+        "p99": percentile(present, 99),
         "mean": statistics.fmean(present),
         "min": min(present),
         "max": max(present),
@@ -109,8 +131,9 @@ class RequestRecord:
     t_last: float | None = None  # last output-bearing chunk
     t_end: float | None = None  # stream closed
     output_chunks: int = 0
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each output-bearing chunk
     output_tokens: int | None = None
-    output_tokens_source: str = "usage"  # "usage" | "chunks"
+    output_tokens_source: str = "usage"  # "usage" | "tokenize" | "chunks"
     prompt_tokens: int | None = None
     text: str = ""
     reasoning: str = ""
@@ -142,6 +165,12 @@ class RequestRecord:
         return None if rate is None else 1000.0 / rate
 
     @property
+    def itl_s(self) -> list[float]:
+        """Gaps between successive output-bearing chunks (vllm bench serve's ITL)."""
+        times = self.chunk_times
+        return [b - a for a, b in zip(times, times[1:])]
+
+    @property
     def prefill_tok_s(self) -> float | None:
         ttft = self.ttft_s
         if self.prompt_tokens is None or ttft is None or ttft <= 0:
@@ -167,12 +196,32 @@ class RequestRecord:
         return out
 
 
-def cohort_summary(records: Sequence[RequestRecord], t_start: float, t_stop: float) -> dict:
+def steady_decode(records: Sequence[RequestRecord]) -> float | None:
+    """Tokens/s while every stream decodes (see DEFINITIONS["steady_decode_tok_s"]); None when no such window."""
+    ok = [r for r in records if r.error is None and r.output_tokens and len(r.chunk_times) >= 2]
+    if len(ok) < 1:
+        return None
+    start = max(r.chunk_times[0] for r in ok)
+    stop = min(r.chunk_times[-1] for r in ok)
+    if stop <= start:
+        return None
+    tokens = 0.0
+    for r in ok:
+        per_chunk = (r.output_tokens or 0) / len(r.chunk_times)
+        # Chunks strictly after the window's start: a chunk at `start` ends the gap before the window.
+        tokens += per_chunk * sum(1 for t in r.chunk_times if start < t <= stop)
+    return tokens / (stop - start)
+
+
+def cohort_summary(records: Sequence[RequestRecord], t_start: float, t_stop: float,
+                   concurrency: int | None = None) -> dict:
     """Every per-request metric summarised, plus aggregate throughput over the cohort's wall time."""
     ok = [r for r in records if r.error is None]
     total_out = sum(r.output_tokens or 0 for r in ok)
     wall = t_stop - t_start
     sources = sorted({r.output_tokens_source for r in ok})
+    tpot = summarize(r.tpot_ms for r in ok)
+    c = concurrency if concurrency is not None else len(records)
     return {
         "requests": len(records),
         "errors": len(records) - len(ok),
@@ -180,9 +229,12 @@ def cohort_summary(records: Sequence[RequestRecord], t_start: float, t_stop: flo
         "output_tokens_source": ",".join(sources) if sources else None,
         "wall_s": wall,
         "aggregate_tok_s": (total_out / wall) if wall > 0 and ok else None,
+        "steady_decode_tok_s": steady_decode(ok),
+        "decode_reference_tok_s": (c * 1000.0 / tpot["mean"]) if tpot and tpot["mean"] > 0 else None,
         "ttft_s": summarize(r.ttft_s for r in ok),
         "decode_tok_s": summarize(r.decode_tok_s for r in ok),
-        "tpot_ms": summarize(r.tpot_ms for r in ok),
+        "tpot_ms": tpot,
+        "itl_ms": summarize(gap * 1000.0 for r in ok for gap in r.itl_s),
         "e2e_s": summarize(r.e2e_s for r in ok),
         "prompt_tokens": summarize(r.prompt_tokens for r in ok),
         "output_tokens": summarize(r.output_tokens for r in ok),

@@ -9,7 +9,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hyperqwen.bench import prom
+from hyperqwen.bench import prom, serverside
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,81 +46,58 @@ def _load_average() -> float | None:
         return None
 
 
-def gpu_facts() -> list[dict] | None:
-    """GPU name, driver and power limit from nvidia-smi on the bench host; None when unreadable."""
-    if shutil.which("nvidia-smi") is None:
+def bench_host_knobs(env_file: Path | None) -> dict[str, str] | None:
+    """Explicitly set knobs as the bench host's settings loader sees them (hyperqwen.config.load: defaults <
+    mode profile < .env < environment), secrets masked. Only a fallback: the server's own knobs come from
+    its environment route. None when the settings do not resolve (the report says why elsewhere)."""
+    try:
+        from hyperqwen.config.load import load_settings
+        from hyperqwen.config.settings import SettingsError
+    except ImportError:  # a bare checkout without the config package's dependencies
         return None
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,power.limit,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        settings = load_settings(os.environ, env_file=env_file)
+    except (SettingsError, OSError, ValueError):
         return None
-    if out.returncode != 0:
+    return {name: settings.setting(name).display() for name in settings if settings.explicit(name)}
+
+
+def server_hardware(server: dict | None) -> str | None:
+    """'gpu' or 'cpu' from the server's own environment; None when the server did not say."""
+    if not server:
         return None
-    gpus = []
-    for line in out.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 4:
-            gpus.append({"name": parts[0], "driver": parts[1], "power_limit": parts[2], "memory_total": parts[3]})
-    return gpus or None
-
-
-def _knob_names() -> tuple[list[str], set[str]]:
-    try:
-        from hyperqwen.config.knobs import KNOBS
-        return [k.name for k in KNOBS], {k.name for k in KNOBS if k.secret}
-    except ImportError:  # the bench also works from a bare checkout without the launcher
-        return [], {"VLLM_API_KEY", "HF_TOKEN"}
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"--env-file {path}: no such file")
-    values = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        key = key.strip().removeprefix("export ").strip()
-        values[key] = value.strip().strip("'\"")
-    return values
-
-
-def knob_values(env_file: Path | None = None) -> dict[str, str]:
-    """Our knobs as set in the env file (or this process's environment), secrets masked."""
-    names, secrets = _knob_names()
-    source = read_env_file(env_file) if env_file else dict(os.environ)
-    wanted = names or sorted(source)
-    out = {}
-    for name in wanted:
-        if name in source:
-            out[name] = "***" if name in secrets and source[name] else source[name]
-    return out
+    live = server.get("live") or {}
+    if server.get("gpus") or live.get("device"):
+        return "gpu"
+    # nvidia-smi absent in the file, or torch running without a CUDA device: a CPU server.
+    return "cpu" if "gpus" in server or live.get("torch") else None
 
 
 def build_environment(*, version: str | None, metrics_text: str | None, server_log: Path | None,
-                      env_file: Path | None, hardware: str | None, label: str | None) -> dict:
-    gpus = gpu_facts()
+                      env_file: Path | None, hardware: str | None, label: str | None,
+                      server: dict | None = None, server_note: str | None = None) -> dict:
+    """`server`: the body of the server's authenticated /hyperqwen/environment route (None when it has none);
+    the bench host is recorded separately and never stands in for the server's GPU."""
     pool = prom.pool_size_from_metrics(metrics_text) if metrics_text else None
     if (pool is None or pool.get("pool_tokens") is None) and server_log is not None and server_log.is_file():
         pool = prom.pool_size_from_log(server_log.read_text(errors="replace")) or pool
-    if hardware is None:
-        hardware = "gpu" if gpus else "cpu"
+    detected = server_hardware(server)
+    knobs = (server or {}).get("knobs")
     return {
         "label": label,
-        "hardware": hardware,
+        "hardware": hardware or detected or "unknown",
+        "hardware_source": "--hardware" if hardware else ("server environment" if detected else "unknown"),
         "timestamp_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "project_commit": project_commit(),
         "project_version": _project_version(),
         "vllm_version": version,
-        "gpus": gpus,
-        "gpu_note": None if gpus else "nvidia-smi not readable on the bench host",
-        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                 # Other load on the bench host skews numbers; only telling when the server runs here too.
-                 "load_average_1m_at_end": _load_average()},
-        "knobs": knob_values(env_file),
-        "knobs_source": str(env_file) if env_file else "bench process environment",
+        "server": server,
+        "server_note": server_note,
+        "bench_host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                       "platform": serverside.platform_kind(), "gpus": serverside.gpu_facts(),
+                       # Other load on the bench host skews numbers; only telling when the server runs here too.
+                       "load_average_1m_at_end": _load_average()},
+        "knobs": knobs if knobs is not None else bench_host_knobs(env_file),
+        "knobs_source": "server environment" if knobs is not None else "bench host settings (server did not say)",
         "pool": pool,
     }

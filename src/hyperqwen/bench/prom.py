@@ -1,12 +1,13 @@
-"""Read the server's Prometheus /metrics: speculative-decoding counters and the KV pool size."""
+"""What the bench reads from the server's /metrics: speculative-decoding counters and the KV pool size.
+
+Parsing is hyperqwen.formats.prometheus, shared with the monitor."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from hyperqwen.formats.prometheus import PrometheusFormatError, Sample, samples
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -17,27 +18,12 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Samples of a Prometheus text exposition as (name, labels, value); comments skipped."""
-    samples = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, label_text, value_text = match.group(1), match.group(2), match.group(3), match.group(4)
-        labels = {}
-        if label_text:
-            for key, raw in _LABEL.findall(label_text):
-                labels[key] = raw.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-        try:
-            value = float(value_text)
-        except ValueError:
-            continue
-        samples.append((name, labels, value))
-    return samples
+def parse_metrics(text: str) -> list[Sample]:
+    """Samples of the server's /metrics (hyperqwen.formats.prometheus); text that is not Prometheus: none."""
+    try:
+        return list(samples(text))
+    except PrometheusFormatError:
+        return []
 
 
 @dataclass
@@ -54,7 +40,8 @@ class CounterSnapshot:
     @classmethod
     def from_text(cls, text: str) -> CounterSnapshot:
         snap = cls()
-        for name, labels, value in parse_metrics(text):
+        for sample in parse_metrics(text):
+            name, labels, value = sample.name, sample.labels, sample.value
             if name == DRAFTS:
                 snap.drafts = (snap.drafts or 0.0) + value
             elif name == DRAFT_TOKENS:
@@ -109,9 +96,10 @@ def prefix_cache_delta(before: CounterSnapshot | None, after: CounterSnapshot | 
 
 def pool_size_from_metrics(text: str) -> dict | None:
     """KV pool size in tokens from vllm:cache_config_info labels (kv_cache_size_tokens, else blocks x block size)."""
-    for name, labels, _ in parse_metrics(text):
-        if name != CACHE_CONFIG_INFO:
+    for sample in parse_metrics(text):
+        if sample.name != CACHE_CONFIG_INFO:
             continue
+        labels = sample.labels
         info: dict = {"source": "/metrics vllm:cache_config_info"}
         for key in ("kv_cache_size_tokens", "num_gpu_blocks", "block_size", "cache_dtype", "enable_prefix_caching",
                     "mamba_ssm_cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization"):

@@ -11,9 +11,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hyperqwen.bench import data, prom
+from hyperqwen.bench import checks, data, prom
 from hyperqwen.bench.client import BenchClient, BenchError
 from hyperqwen.bench.definitions import RequestRecord, cohort_summary, summarize
+
+# Pass marks, stated once (bench/README.md lists them). GSM8K: the reference setup published 95.0-96.5% on
+# 200 questions with greedy decoding and thinking off (its README); we fail below 85%, ten points under, so
+# sampling noise on the 20-question sample (one question = 5 points) and prompt differences do not fail a
+# healthy server while a broken one (junk, wrong drafter) cannot pass.
+GSM8K_PASS = 0.85
+# Requests: a run where more than this share of requests failed is not a measurement.
+MAX_FAILED_SHARE = 0.10
+# Speed workloads: share of sampled outputs that must agree with a greedy C1 re-run of the same prompt.
+GREEDY_AGREEMENT_PASS = 0.8
+# Long-document reproduction: share of the document's tokens reproduced before the first difference.
+REPRODUCE_PASS = 0.9
 
 
 @dataclass
@@ -22,7 +34,7 @@ class RunContext:
     data_root: Path
     run_id: str
     seed: int
-    temperature: float = 0.0
+    temperature: float | None = 0.0  # None: the server's default sampling (no temperature sent)
     max_tokens: int | None = None
     options: dict = field(default_factory=dict)  # workload-specific CLI options
     gates: dict = field(default_factory=dict)  # name -> {"passed": bool, ...}
@@ -33,7 +45,57 @@ class RunContext:
 
     def sampling(self, index: int) -> dict:
         # A per-request seed keeps sampled runs reproducible; greedy ignores it.
+        if self.temperature is None:
+            return {"seed": self.seed + index}
         return {"temperature": self.temperature, "seed": self.seed + index}
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def gate(self, name: str, passed: bool, **detail) -> None:
+        self.gates[name] = {"passed": bool(passed), **detail}
+
+
+@dataclass
+class ChatJob:
+    """One chat request of a cohort, kept so a sample of them can be re-run as the greedy reference."""
+
+    ctx: RunContext
+    messages: list[dict]
+    max_tokens: int
+    index: int
+    extra: dict = field(default_factory=dict)
+
+    async def __call__(self) -> RequestRecord:
+        return await self.ctx.client.stream_chat(self.messages, self.max_tokens, **self.ctx.sampling(self.index),
+                                                 **self.extra)
+
+
+async def greedy_reference_check(ctx: RunContext, jobs: list[ChatJob], records: list[RequestRecord]) -> dict | None:
+    """Re-run a sample of a greedy cohort's requests alone (C1) and compare their outputs token by token.
+
+    A speed number is only worth something if the outputs behind it are right: a drafter or batch path
+    producing garbage under load would otherwise post full speed. Sampled (non-greedy) cohorts are not
+    comparable this way; the correctness workloads cover them."""
+    if not ctx.greedy:
+        return None
+    samples = int(ctx.opt("check_samples", 1))
+    checked = []
+    for job, record in list(zip(jobs, records))[:samples]:
+        if record.error is not None:
+            continue
+        reference = await ctx.client.stream_chat(job.messages, job.max_tokens, temperature=0.0,
+                                                 seed=ctx.seed + job.index, **job.extra)
+        if reference.error is not None:
+            continue
+        checked.append({"request": job.index, **checks.greedy_agreement(reference.text, record.text)})
+    tally = ctx.gates.setdefault("outputs_match_greedy_reference",
+                                 {"passed": True, "checked": 0, "agreed": 0, "pass_mark": GREEDY_AGREEMENT_PASS})
+    tally["checked"] += len(checked)
+    tally["agreed"] += sum(1 for c in checked if c["agrees"])
+    tally["passed"] = tally["checked"] == 0 or tally["agreed"] >= GREEDY_AGREEMENT_PASS * tally["checked"]
+    return {"checked": checked}
 
 
 async def snapshot(client: BenchClient) -> prom.CounterSnapshot | None:
@@ -66,13 +128,16 @@ async def run_closed_loop(jobs: list[Callable[[], Awaitable[RequestRecord]]], co
 
 
 async def measured_cohort(ctx: RunContext, jobs, concurrency: int, keep_text: bool = False) -> dict:
-    """One cohort: /metrics before, the requests, /metrics after; summary + spec-decode deltas."""
+    """One cohort: /metrics before, the requests, /metrics after; summary + spec-decode deltas, then the
+    greedy reference check on a sample (after the `after` snapshot, so it does not pollute the counters)."""
     await ctx.client.warm_up(concurrency)
     before = await snapshot(ctx.client)
     records, t_start, t_stop = await run_closed_loop(jobs, concurrency)
     after = await snapshot(ctx.client)
-    summary = cohort_summary(records, t_start, t_stop)
+    summary = cohort_summary(records, t_start, t_stop, concurrency)
     summary["concurrency"] = concurrency
+    if jobs and isinstance(jobs[0], ChatJob):
+        summary["output_check"] = await greedy_reference_check(ctx, jobs, records)
     summary["spec_decode"] = prom.spec_decode_delta(before, after)
     summary["prefix_cache"] = prom.prefix_cache_delta(before, after)
     summary["per_request"] = [r.to_json(keep_text=keep_text) for r in records]
@@ -87,14 +152,15 @@ def _concurrencies(ctx: RunContext, default: str) -> list[int]:
     try:
         values = [int(v) for v in str(raw).split(",") if v.strip()]
     except ValueError:
-        raise BenchError(f"--concurrency must be a comma-separated list of integers like 1,2,4,8 (got {raw!r})")
+        raise BenchError(f"--concurrency must be a comma-separated list of integers like 1,2,4,8 (got {raw!r})"
+                         ) from None
     if not values or any(v < 1 for v in values):
         raise BenchError(f"--concurrency values must be >= 1 (got {raw!r})")
     return values
 
 
-def _chat_job(ctx: RunContext, messages: list[dict], max_tokens: int, index: int, **extra):
-    return lambda: ctx.client.stream_chat(messages, max_tokens, **ctx.sampling(index), **extra)
+def _chat_job(ctx: RunContext, messages: list[dict], max_tokens: int, index: int, **extra) -> ChatJob:
+    return ChatJob(ctx, messages, max_tokens, index, extra)
 
 
 def _salt_messages(messages: list[dict], run_id: str, tag: str) -> list[dict]:
@@ -107,8 +173,11 @@ async def chat(ctx: RunContext) -> dict:
     prompts = data.chat_prompts(ctx.data_root)
     max_tokens = ctx.max_tokens or 512
     cohorts = []
+    waves = int(ctx.opt("waves", 2))
     for concurrency in _concurrencies(ctx, "1,2,4,8"):
-        n_requests = int(ctx.opt("requests", max(concurrency, len(prompts))))
+        # Whole waves of `concurrency` requests: 1.5 waves would leave the last half-wave running alone
+        # and understate aggregate throughput.
+        n_requests = int(ctx.opt("requests", concurrency * waves))
         jobs = []
         for i in range(n_requests):
             prompt = prompts[i % len(prompts)]
@@ -129,8 +198,8 @@ async def ladder(ctx: RunContext) -> dict:
     documents: dict[int, str] = {}
     instruction = "\n\nContinue the collection above with a new section in the same style."
     overhead = await counter.chat_overhead(data.salted(instruction, ctx.run_id, "ladder-c0-0"))
-    for concurrency in _concurrencies(ctx, "1,2,4,8,16,32"):
-        n_requests = int(ctx.opt("requests", concurrency))
+    for concurrency in _concurrencies(ctx, "1,2,4,8,16,32,64"):
+        n_requests = int(ctx.opt("requests", concurrency * int(ctx.opt("waves", 1))))
         jobs = []
         for i in range(n_requests):
             # Distinct prompts: each starts at another paragraph and carries its own salt line.
@@ -153,7 +222,7 @@ async def prefill(ctx: RunContext) -> dict:
     try:
         lengths = [int(v) for v in str(raw).split(",") if v.strip()]
     except ValueError:
-        raise BenchError(f"--lengths must be comma-separated integers like 1024,4096 (got {raw!r})")
+        raise BenchError(f"--lengths must be comma-separated integers like 1024,4096 (got {raw!r})") from None
     repeats = int(ctx.opt("repeats", 3))
     rows = []
     instruction = "\n\nReply with the single word OK."
@@ -289,51 +358,102 @@ async def longdoc(ctx: RunContext) -> dict:
     for task in tasks.get("summarise", []):
         record = await ask(task["id"], task["instruction"], ctx.max_tokens or 200)
         words = len(record.text.split())
-        lowered = record.text.lower()
-        found = [t for t in task["key_terms"] if t.lower() in lowered]
+        found = [t for t in task["key_terms"] if checks.contains_tokens(record.text, t)]
         passed = 0 < words <= task["max_words"] and len(found) >= task["min_key_terms"]
         results.append({"id": task["id"], "kind": "summarise", "passed": passed, "words": words,
                         "key_terms_found": found, "output": record.text[:800], "request": record.to_json()})
     for task in tasks.get("answer", []):
+        if not all(p.text in document for p in paragraphs if p.doc == task["doc"]):
+            results.append({"id": task["id"], "skipped": "its document is not within the context length"})
+            continue
         record = await ask(task["id"], task["question"], ctx.max_tokens or 32)
-        lowered = record.text.lower()
-        passed = any(a.lower() in lowered for a in task["accept"])
+        # Token-level exact match: "11" does not pass inside "2011", nor does an echo of the document.
+        passed = checks.answer_matches(record.text, task["accept"])
         results.append({"id": task["id"], "kind": "answer", "passed": passed, "output": record.text[:200],
                         "request": record.to_json()})
-    copy_results = [r for r in results if r.get("kind") == "copy"]
-    if copy_results:
-        ctx.gates["longdoc_verbatim_copy"] = {"passed": all(r["passed"] for r in copy_results),
-                                              "tasks": [r["id"] for r in copy_results]}
+    exact = [r for r in results if r.get("kind") in ("copy", "edit", "answer")]
+    if exact:
+        # Copy, edit and short answers have one right output; quotes and summaries are reported, not gated.
+        ctx.gate("longdoc_exact", all(r["passed"] for r in exact), tasks=[r["id"] for r in exact],
+                 failed=[r["id"] for r in exact if not r["passed"]], pass_mark="every copy/edit/answer task")
     return {"context_tokens_target": context_tokens, "tokens_exact": counter.exact,
             "passed": sum(1 for r in results if r.get("passed")),
             "scored": sum(1 for r in results if "passed" in r), "tasks": results}
 
 
-# ---- needle in a haystack ------------------------------------------------------------------------
-async def needle(ctx: RunContext) -> dict:
+# ---- long-document reproduction ------------------------------------------------------------------
+async def reproduce(ctx: RunContext) -> dict:
+    """Copy a long document back verbatim (greedy): the reference setup's 25k-token document workload, where a
+    drafter that fills its verify block from the prompt accepts long runs. Reports decode rate and tokens per
+    verify step from the server's spec-decode counters; gated on how much of the document came back exactly."""
     paragraphs = data.corpus_paragraphs(ctx.data_root)
-    spec = json.loads((ctx.data_root / "needle.json").read_text(encoding="utf-8"))
+    counter = data.TokenCounter(ctx.client)
+    context_tokens = int(ctx.opt("context_tokens", 25000))
+    document = await data.document_of_tokens(counter, paragraphs, context_tokens)
+    doc_tokens = await counter.count(document)
+    instruction = ("Reproduce the document above exactly, character for character, from its first line to its "
+                   "last. Output only the document.")
+    content = data.salted(f"<document>\n{document}\n</document>\n\n{instruction}", ctx.run_id, "reproduce")
+    max_tokens = ctx.max_tokens or int(doc_tokens * 1.1) + 64
+    before = await snapshot(ctx.client)
+    record = await ctx.client.stream_chat([{"role": "user", "content": content}], max_tokens, temperature=0.0,
+                                          seed=ctx.seed)
+    after = await snapshot(ctx.client)
+    expected, got = checks.words(document), checks.words(_strip_wrapping(record.text))
+    common = 0
+    for x, y in zip(expected, got):
+        if x != y:
+            break
+        common += 1
+    share = common / len(expected) if expected else 0.0
+    ctx.gate("reproduce", share >= REPRODUCE_PASS, reproduced_share=share, pass_mark=REPRODUCE_PASS)
+    return {"context_tokens_target": context_tokens, "document_tokens": doc_tokens, "tokens_exact": counter.exact,
+            "reproduced_share": share, "common_prefix_tokens": common, "document_word_tokens": len(expected),
+            "decode_tok_s": record.decode_tok_s, "tpot_ms": record.tpot_ms, "ttft_s": record.ttft_s,
+            "decode_reference_tok_s": (1000.0 / record.tpot_ms) if record.tpot_ms else None,
+            "spec_decode": prom.spec_decode_delta(before, after), "request": record.to_json()}
+
+
+# ---- needle in a haystack ------------------------------------------------------------------------
+NEEDLE = "The access code for the old pump house on Garnet Ledge is {code}."
+DECOY = "The access code for the ferry office on Stanning Quay is {code}."
+NEEDLE_QUESTION = ("What is the access code for the old pump house on Garnet Ledge? Reply with the code only, "
+                   "exactly as written in the document.")
+
+
+async def needle(ctx: RunContext) -> dict:
+    """A code unique to this run and depth (XXXX-XXXX-XXXX) hidden at each depth, a decoy code elsewhere;
+    exact match on the code. A server echoing the prompt names both codes and fails."""
+    paragraphs = data.corpus_paragraphs(ctx.data_root)
     counter = data.TokenCounter(ctx.client)
     context_tokens = int(ctx.opt("context_tokens", 8192))
     raw = ctx.opt("depths", "0,0.25,0.5,0.75,1")
     try:
         depths = [float(v) for v in str(raw).split(",") if v.strip()]
     except ValueError:
-        raise BenchError(f"--depths must be comma-separated fractions like 0,0.5,1 (got {raw!r})")
-    if any(not 0 <= d <= 1 for d in depths):
+        raise BenchError(f"--depths must be comma-separated fractions like 0,0.5,1 (got {raw!r})") from None
+    if not depths or any(not 0 <= d <= 1 for d in depths):
         raise BenchError(f"--depths must lie within 0..1 (got {raw!r})")
-    haystack = (await data.document_of_tokens(counter, paragraphs, context_tokens - 120)).split("\n\n")
+    haystack = (await data.document_of_tokens(counter, paragraphs, context_tokens - 160)).split("\n\n")
     rows = []
     for i, depth in enumerate(depths):
+        code = checks.needle_code(ctx.run_id, f"needle-{i}")
+        decoy = checks.needle_code(ctx.run_id, f"decoy-{i}")
         at = round(depth * len(haystack))
-        text = "\n\n".join(haystack[:at] + [spec["needle"]] + haystack[at:])
-        content = data.salted(f"<document>\n{text}\n</document>\n\n{spec['question']}", ctx.run_id, f"needle-{i}")
-        record = await ctx.client.stream_chat([{"role": "user", "content": content}], ctx.max_tokens or 32,
-                                              **ctx.sampling(i))
-        found = all(part.lower() in record.text.lower() for part in spec["answer_parts"])
-        rows.append({"depth": depth, "found": found, "output": record.text[:200], "request": record.to_json()})
-    return {"context_tokens_target": context_tokens, "tokens_exact": counter.exact,
-            "found": sum(r["found"] for r in rows), "rows": rows}
+        decoy_at = (at + len(haystack) // 2) % (len(haystack) + 1)
+        parts = list(haystack)
+        parts.insert(at, NEEDLE.format(code=code))
+        parts.insert(decoy_at if decoy_at <= at else decoy_at + 1, DECOY.format(code=decoy))
+        text = "\n\n".join(parts)
+        content = data.salted(f"<document>\n{text}\n</document>\n\n{NEEDLE_QUESTION}", ctx.run_id, f"needle-{i}")
+        record = await ctx.client.stream_chat([{"role": "user", "content": content}], ctx.max_tokens or 48,
+                                              temperature=0.0, seed=ctx.seed + i)
+        check = checks.needle_check(record.text, code)
+        rows.append({"depth": depth, "found": check["passed"], "code": code, **check, "output": record.text[:200],
+                     "request": record.to_json()})
+    found = sum(r["found"] for r in rows)
+    ctx.gate("needle", found == len(rows), found=found, depths=len(rows), pass_mark="every depth, exact match")
+    return {"context_tokens_target": context_tokens, "tokens_exact": counter.exact, "found": found, "rows": rows}
 
 
 # ---- correctness gates ---------------------------------------------------------------------------
@@ -505,12 +625,16 @@ async def gsm8k(ctx: RunContext) -> dict:
 
     records, t_start, t_stop = await run_closed_loop([job(i, q) for i, (q, _) in enumerate(items)], concurrency)
     per_item = []
-    for (question, target), record in zip(items, records):
+    for (_question, target), record in zip(items, records):
         got = extract_final_number(record.text)
         per_item.append({"target": target, "got": got, "correct": numbers_equal(got, target),
                          "error": record.error})
     correct = sum(r["correct"] for r in per_item)
-    return {"dataset": str(path) if ctx.opt("dataset") else "built-in sample (bench/data/gsm8k_sample.jsonl)",
+    score = correct / len(items) if items else 0.0
+    ctx.gate("gsm8k", bool(items) and score >= GSM8K_PASS, exact_match=score, questions=len(items),
+             pass_mark=GSM8K_PASS)
+    return {"pass_mark": GSM8K_PASS,
+            "dataset": str(path) if ctx.opt("dataset") else "built-in sample (bench/data/gsm8k_sample.jsonl)",
             "questions": len(items), "correct": correct, "exact_match": correct / len(items) if items else None,
             "wall_s": t_stop - t_start, "items": per_item}
 
@@ -576,6 +700,7 @@ WORKLOADS: dict[str, tuple[Callable[[RunContext], Awaitable[dict]], str]] = {
     "ladder": (ladder, "concurrency ladder: distinct ~4k-token prompts, 256 output tokens"),
     "prefill": (prefill, "prefill rate by input length (salted prompts, max_tokens 1)"),
     "prefix": (prefix, "prefix cache: turn-2 TTFT over a long document vs cold turn 1"),
+    "reproduce": (reproduce, "long-document reproduction: copy a ~25k-token document, tokens per verify step"),
     "longdoc": (longdoc, "long-document tasks: verbatim copy, edit, quote, summarise, answer"),
     "needle": (needle, "needle in a haystack at several depths"),
     "gates": (gates, "correctness gates: verbatim copy, tool-call round trip, JSON schema, greedy repeatability"),

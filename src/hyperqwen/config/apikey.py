@@ -1,27 +1,153 @@
-"""Where the API key comes from. The key is returned to the caller and never printed or logged."""
+"""Where the API key comes from, and the one rule every key must pass. The key is returned to the caller and
+never printed or logged; messages say where a key came from and what is wrong with it, never what it is.
+
+The rule (the same for the environment, `.env`, `--set` and the key file): at least MIN_KEY_LENGTH
+characters, each one printable ASCII other than a space (0x21-0x7e). Why:
+- every client must be able to send it: HTTP header values are Latin-1 on the wire, and the openai SDK
+  raises UnicodeEncodeError on a full-width character, so a non-ASCII key locks out every client;
+- the server compares `Authorization: Bearer KEY` after the first space, and the key file is read as one
+  word, so spaces and control characters cannot round-trip;
+- 16 characters is the floor Ollama-style "long random token" advice rounds to; `openssl rand -hex 16`
+  gives 32 hex characters (128 bits), the documented way to make one.
+"""
 
 from __future__ import annotations
 
+import errno
+from dataclasses import dataclass
+from pathlib import Path
+
 from hyperqwen.config.settings import Problem, Settings, SettingsError
+
+MIN_KEY_LENGTH = 16
+MAKE_KEY = "openssl rand -hex 16 > models/api_key.txt"
+# Longest path and file name Linux accepts (PATH_MAX, NAME_MAX); longer ones fail with ENAMETOOLONG.
+PATH_MAX = 4096
+NAME_MAX = 255
+
+
+def key_policy_violation(key: str) -> str | None:
+    """What is wrong with `key` (without showing it), or None when it passes the rule."""
+    bad = sorted({f"U+{ord(ch):04X}" for ch in key if not 0x21 <= ord(ch) <= 0x7E})
+    if bad:
+        what = "a space" if bad == ["U+0020"] else "characters outside printable ASCII (" + ", ".join(bad[:4]) + (
+            ", ..." if len(bad) > 4 else "") + ")"
+        return (f"the key contains {what}, which clients cannot send in a header; use only printable ASCII "
+                f"without spaces, e.g. `{MAKE_KEY}`")
+    if len(key) < MIN_KEY_LENGTH:
+        return (f"the key has {len(key)} characters; at least {MIN_KEY_LENGTH} are needed (a short key can be "
+                f"guessed); make one with `{MAKE_KEY}`")
+    return None
+
+
+def path_problem(path: Path) -> str | None:
+    """Why `path` cannot be opened on Linux before even trying (too long), or None."""
+    text = str(path)
+    if len(text.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        return f"the path has {len(text)} characters; Linux allows at most {PATH_MAX} bytes"
+    longest = max((len(part.encode("utf-8", "surrogateescape")) for part in path.parts), default=0)
+    if longest > NAME_MAX:
+        return f"a part of the path is {longest} bytes long; Linux allows at most {NAME_MAX} bytes per name"
+    return None
+
+
+def _shown(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else text[:60] + "..." + text[-40:]
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key and where it came from. `repr` never shows the key."""
+
+    value: str
+    source: str  # e.g. "VLLM_API_KEY (environment)" or "API_KEY_FILE /models/api_key.txt"
+
+    def __repr__(self) -> str:
+        return f"ApiKey(source={self.source!r})"
+
+
+def key_file_path(settings: Settings) -> Path:
+    return settings.under_models_dir(settings["API_KEY_FILE"])
+
+
+def load_api_key(settings: Settings) -> ApiKey | None:
+    """VLLM_API_KEY if set, else the first line of API_KEY_FILE (relative: under MODELS_DIR) if it exists.
+
+    Raises SettingsError (one line, naming the knob and the file, never the key) when the key breaks the rule
+    or the file cannot be read."""
+    if settings["VLLM_API_KEY"]:
+        setting = settings.setting("VLLM_API_KEY")
+        key = settings["VLLM_API_KEY"]
+        problem = key_policy_violation(key)
+        if problem:
+            raise SettingsError([Problem("error", f"VLLM_API_KEY ({setting.source}): {problem}", "VLLM_API_KEY")])
+        return ApiKey(key, f"VLLM_API_KEY ({setting.source})")
+    path = key_file_path(settings)
+    too_long = path_problem(path)
+    if too_long:
+        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)}: {too_long}; point API_KEY_FILE "
+                                     "(or MODELS_DIR) at a shorter path", "API_KEY_FILE")])
+    try:
+        if not path.exists():
+            return None
+        lines = path.read_text(encoding="utf-8").strip().splitlines()
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = errno.errorcode.get(getattr(exc, "errno", None) or 0, type(exc).__name__)
+        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)}: cannot read it ({reason}); fix its "
+                                     "permissions or point API_KEY_FILE elsewhere", "API_KEY_FILE")]) from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)} is empty; write a key into it with "
+                                     f"`{MAKE_KEY}` or delete the file", "API_KEY_FILE")])
+    problem = key_policy_violation(key)
+    if problem:
+        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)}: {problem}", "API_KEY_FILE")])
+    return ApiKey(key, f"API_KEY_FILE {_shown(path)}")
 
 
 def read_api_key(settings: Settings) -> str | None:
-    """VLLM_API_KEY if set, else the first line of API_KEY_FILE (relative: under MODELS_DIR) if it exists."""
-    if settings["VLLM_API_KEY"]:
-        return settings["VLLM_API_KEY"]
-    path = settings.under_models_dir(settings["API_KEY_FILE"])
-    if not path.exists():
-        return None
+    """The key clients must send, or None for no key (see load_api_key)."""
+    key = load_api_key(settings)
+    return key.value if key else None
+
+
+def describe_api_key(settings: Settings) -> str:
+    """Where the key comes from, for `--explain`: the source and the file path, never the key."""
     try:
-        lines = path.read_text(encoding="utf-8").strip().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SettingsError([Problem("error", f"API_KEY_FILE {path}: cannot read it ({type(exc).__name__}); "
-                                     "fix its permissions or point API_KEY_FILE elsewhere", "API_KEY_FILE")]) from None
-    key = lines[0].strip() if lines else ""
-    if not key:
-        raise SettingsError([Problem("error", f"API_KEY_FILE {path} is empty; write a key into it with "
-                                     "`openssl rand -hex 24 > models/api_key.txt` or delete the file", "API_KEY_FILE")])
-    if any(ch.isspace() for ch in key) or len(key) < 16:
-        raise SettingsError([Problem("error", f"API_KEY_FILE {path}: the key must be one word of at least 16 "
-                                     "characters; `openssl rand -hex 24` makes a good one", "API_KEY_FILE")])
-    return key
+        key = load_api_key(settings)
+    except SettingsError as exc:
+        return "refused: " + "; ".join(p.message for p in exc.problems)
+    if key is None:
+        return f"none (VLLM_API_KEY unset and no file at {_shown(key_file_path(settings))})"
+    return f"set, from {key.source}"
+
+
+# --- what may be shown in clear ---------------------------------------------------------------------------
+
+# A variable whose name contains one of these is a secret, whatever program it belongs to
+# (HUGGING_FACE_HUB_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, ...).
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# Families of variables known to hold settings, not secrets (names with a secret word excepted): what a
+# `.env` beside our knobs usually carries for vLLM, CUDA, PyTorch and their libraries. Anything else a
+# `.env` passes through is shown masked: it may be a token under a name we do not know.
+NON_SECRET_PREFIXES = ("VLLM_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH", "NCCL_", "OMP_", "MKL_", "HF_HUB_",
+                       "HF_HOME", "HF_DATASETS_", "TRANSFORMERS_", "TOKENIZERS_", "HYPERQWEN_", "PYTHON", "TRITON_",
+                       "CUBLAS_", "TZ", "LANG", "LC_")
+
+
+def is_secret_name(name: str) -> bool:
+    """True for a name that holds, or probably was meant to hold, a secret: it contains a secret word, or it is
+    a near miss of a secret knob (VLLM_API_KY, HF_TOKN)."""
+    from hyperqwen.config.knobs import KNOBS
+    from hyperqwen.config.settings import did_you_mean
+
+    upper = name.upper()
+    if any(word in upper for word in SECRET_WORDS):
+        return True
+    return did_you_mean(upper, [k.name for k in KNOBS if k.secret]) is not None
+
+
+def shown_in_clear(name: str) -> bool:
+    """Whether a passed-through variable's value may be printed: a known settings family and not secret."""
+    return not is_secret_name(name) and name.upper().startswith(NON_SECRET_PREFIXES)

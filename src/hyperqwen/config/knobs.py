@@ -16,6 +16,12 @@ from hyperqwen.config.sizes import UNIT_RULE
 
 MODES = ("single", "batch")
 
+_MiB, _GiB = 1024**2, 1024**3
+# Calibrated in docs/memory.md ("Calibration") against the 3090 reference's published KV pools
+# (github.com/syv-ai/qwen38-27b-rtx3090): MTP at GPU_UTIL 0.93 and batch fp8 at 0.972 imply 0.73-0.80 GiB
+# for graphs + non-torch memory once weights and the measured 1.09 GiB activation peak are taken out.
+_CUDA_GRAPHS_DEFAULT = 768 * _MiB
+
 # Value maps that turn a knob's user-facing choice into vLLM values. They live here, next to the knob,
 # so docs and validation see the same table the planner uses.
 
@@ -65,6 +71,9 @@ class Knob:
     tradeoff: str = ""
     # Extra lines for docs only (e.g. the value map).
     details: tuple[str, ...] = field(default_factory=tuple)
+    # The value shown on .env.example's commented line when it is not the default (MODELS_DIR: the host folder
+    # compose mounts, while the container's own default is /models).
+    example: str | None = None
 
     def allowed_text(self) -> str:
         if self.kind == "choice":
@@ -100,14 +109,19 @@ API = "API behaviour"
 SECURITY = "Security"
 PREPARE = "Prepare (download and requantize)"
 OPERATIONS = "Operations"
+COMPOSE = "Compose (host side)"
+MULTI_GPU = "More than one GPU (docs/multi-gpu.md)"
 
 KNOBS: tuple[Knob, ...] = (
     # --- model and mode -------------------------------------------------------------------------
     Knob("MODE", "choice", "Which profile to run: single (low latency, speculative decoding) or batch (throughput).",
          "hyperqwen: picks single-user/profile.yaml or batch/profile.yaml", MODEL, default="single",
          choices=MODES, tradeoff="single = fastest one stream; batch = most tokens/s over many requests."),
-    Knob("MODELS_DIR", "str", "Directory holding prepared models and api_key.txt (the models volume).",
-         "hyperqwen: base for MODEL, DRAFT and API_KEY_FILE", MODEL, default="/models"),
+    Knob("MODELS_DIR", "str", "Directory holding prepared models and api_key.txt. Under compose: the host folder "
+         "mounted as the models volume (default ./models); the containers always see it as /models.",
+         "hyperqwen: base for MODEL, DRAFT and API_KEY_FILE; compose: host side of the models volume", MODEL,
+         default="/models", example="./models",
+         tradeoff="point it at a disk with ~40 GB free; `init` creates it and gives it to HYPERQWEN_UID."),
     Knob("MODEL", "str", "The servable checkpoint: a directory (relative paths are under MODELS_DIR).",
          "--model", MODEL, default="qwen3.8-27b",
          tradeoff="point it at another prepared directory to serve another checkpoint."),
@@ -181,6 +195,40 @@ KNOBS: tuple[Knob, ...] = (
     Knob("STATE_DTYPE", "choice", "Gated-DeltaNet recurrent state dtype.", "--mamba-ssm-cache-dtype", MEMORY,
          default="float16", choices=("float16", "float32", "auto"),
          tradeoff="float16 halves the ~144 MiB per state page of float32."),
+    # --- measured memory terms (hyperqwen plan / the serve memory check; docs/memory.md) --------------
+    # Defaults are measurements from public logs of real GPUs; replace one with your own measurement.
+    Knob("CUDA_CONTEXT", "bytes", "GPU memory vLLM's process uses before its start snapshot (CUDA context, "
+         "driver): outside the KV pool, but counted in vLLM's startup free-memory check.",
+         "hyperqwen: memory check", MEMORY, default=600 * _MiB, min=0, max=8 * _GiB,
+         details=("600 MiB: the 3090 reference (github.com/syv-ai/qwen38-27b-rtx3090, batch/start_qwen.sh) "
+                  "starts headless at GPU_UTIL 0.972 and fails the startup check at 0.98, which brackets it at "
+                  "482-675 MiB of a 23.56 GiB CUDA total; a public 3090 log shows 645 MiB in use at vLLM's "
+                  "start snapshot (github.com/wtdcode/vllm-backport/issues/34).",)),
+    Knob("CUDA_GRAPHS", "bytes", "CUDA-graph memory plus non-torch allocations after vLLM's start snapshot, "
+         "taken from the KV pool (vLLM's graph-memory estimate).", "hyperqwen: memory check", MEMORY,
+         default=_CUDA_GRAPHS_DEFAULT, min=0, max=64 * _GiB,
+         details=("768 MiB: calibrated so the planner reproduces the 3090 reference's published KV pools "
+                  "(73,777 tokens with MTP at GPU_UTIL 0.93; 223,821 with fp8 KV at 0.972) within 3% "
+                  "(docs/memory.md, Calibration).",)),
+    Knob("ACTIVATION_PEAK", "bytes", "The profile run's activation peak; empty = estimated from the model's "
+         "shapes and MAX_BATCHED_TOKENS.", "hyperqwen: memory check", MEMORY, default=None, min=0,
+         max=64 * _GiB),
+    Knob("UNCOUNTED_GRAPHS", "bytes", "Graph memory vLLM's profiler does not count (the DFlash2 drafter's); "
+         "empty = 1.9 GiB with SPEC=dflash2, else 0.", "hyperqwen: memory check", MEMORY, default=None, min=0,
+         max=64 * _GiB),
+    Knob("PROFILE_MARGIN", "bytes", "How much smaller the profiled KV pool may come out at a later start; "
+         "MAX_LEN must still fit then (GPU_UTIL-sized pools only). Empty = 64 MiB, or 1 GiB with SPEC=dflash2.",
+         "hyperqwen: memory check", MEMORY, default=None, min=0, max=16 * _GiB,
+         tradeoff="pin the pool with KV_MEM and no margin is needed: vLLM then does not size it from a profile.",
+         details=("64 MiB: warm starts of one configuration on the 3090 reference gave pools within 0.4% "
+                  "(183,673 vs 184,438 tokens, ~30 MiB); 1 GiB with SPEC=dflash2, whose runner's profiled "
+                  "peak varied by ~1 GiB between starts (github.com/syv-ai/qwen38-27b-rtx3090, docs/gotchas.md "
+                  "9 and 18). A first start on a cold torch.compile cache profiles ~0.87 GiB more (gotcha 16): "
+                  "pin KV_MEM to make every start the same.",)),
+    Knob("HEADROOM_FLOOR", "bytes", "GPU memory that must stay free after boot.", "hyperqwen: memory check",
+         MEMORY, default=400 * _MiB, min=0, max=16 * _GiB,
+         details=("400 MiB: on the 3090 reference ~400 MiB had to stay free after boot or bursts of requests "
+                  "failed (github.com/syv-ai/qwen38-27b-rtx3090).",)),
     # --- API behaviour --------------------------------------------------------------------------
     Knob("TOOLS", "bool", "Let the model call tools (OpenAI tools / Anthropic tool_use).",
          "--enable-auto-tool-choice --tool-call-parser TOOL_PARSER", API, default=True),
@@ -191,6 +239,19 @@ KNOBS: tuple[Knob, ...] = (
     Knob("THINKING", "bool", "Think before answering by default; a request's chat_template_kwargs can still override.",
          "--default-chat-template-kwargs {\"enable_thinking\": ...}", API, default=False,
          tradeoff="on = better answers to hard questions, many more tokens and a slower reply."),
+    Knob("CLIENT_THINKING", "bool",
+         "Let a request's reasoning effort (OpenAI reasoning_effort / reasoning.effort, Anthropic thinking or "
+         "output_config.effort) switch thinking on or off; off = only THINKING and chat_template_kwargs decide.",
+         "env HYPERQWEN_CLIENT_THINKING (read by patch 0023)", API, default=False,
+         tradeoff="coding agents send an effort on every request (Claude Code: high); on = they all think.",
+         details=("Rule (docs/agents.md): effort none/minimal -> thinking off; low/medium/high/xhigh/max -> on; "
+                  "Anthropic thinking.type enabled/adaptive -> on, disabled -> off.",)),
+    Knob("STREAM_KEEPALIVE", "int",
+         "Seconds of silence after which a stream gets a keep-alive (SSE comment; Anthropic ping event on "
+         "/v1/messages); 0 = never.",
+         "--sse-keep-alive-interval (patch 0022 extends it to /v1/messages and /v1/responses)", API, default=10,
+         min=0, max=300,
+         tradeoff="Claude Code warns after 150 s without a chunk and gives up at 300 s."),
     Knob("TEMPERATURE", "float", "Default sampling temperature when a request sets none; empty = the model's generation_config.",
          "--override-generation-config {\"temperature\": ...}", API, default=None, min=0.0, max=2.0),
     Knob("EXTRA_ARGS", "args", "More vLLM arguments, appended last (they win over ours).",
@@ -208,6 +269,38 @@ KNOBS: tuple[Knob, ...] = (
          "compose: webui ports", OPERATIONS, default=18030, min=1, max=65535),
     Knob("SKIP_VERIFY", "bool", "Start the server without running verify.sh first (container entrypoint).",
          "hyperqwen: entrypoint", OPERATIONS, default=False),
+    Knob("ENGINE_STALL_TIMEOUT", "int", "Seconds the engine may leave a health probe unanswered before it counts "
+         "as stalled: /health turns red and the server exits (compose restarts it); 0 = never.",
+         "env HYPERQWEN_ENGINE_STALL_TIMEOUT (read by patch 0040)", OPERATIONS, default=300, min=0, max=3600,
+         tradeoff="lower = a hung kernel is noticed sooner; too low restarts an engine busy with a long JIT compile."),
+    # --- compose (read by compose.yaml for interpolation; the containers get them too) -------------------------
+    Knob("HYPERQWEN_UID", "int", "User id the containers run as; `init` gives the models and cache folders to it.",
+         "compose: user; init chowns to it", COMPOSE, default=1000, min=0, max=2**31 - 1,
+         tradeoff="set it to `id -u` on the host so files in the models folder belong to you."),
+    Knob("HYPERQWEN_GID", "int", "Group id the containers run as (with HYPERQWEN_UID).", "compose: user",
+         COMPOSE, default=1000, min=0, max=2**31 - 1, tradeoff="`id -g` on the host."),
+    Knob("HYPERQWEN_GPU", "str", "The GPU the server reserves: an index or a UUID from `nvidia-smi -L`.",
+         "compose: deploy device_ids; the GPU lock's name", COMPOSE, default="0"),
+    Knob("HYPERQWEN_OWNER", "str", "Registry owner of the image: ghcr.io/<owner>/hyperqwen.", "compose: image",
+         COMPOSE, default="hyperqwen", tradeoff="a fork's workflow pushes to ghcr.io/<its GitHub owner>."),
+    Knob("HYPERQWEN_TAG", "str", "Image tag; defaults to this checkout's release, never `latest`.",
+         "compose: image", COMPOSE, default="0.1.0",
+         tradeoff="`sha-<commit>` pins a main-branch build; `latest` follows main once CI passed."),
+    # --- more than one GPU ----------------------------------------------------------------------
+    Knob("GPUS", "str", "The cards of the replicas profile, as device indexes or UUIDs (nvidia-smi -L), comma separated.",
+         "hyperqwen replicas: one replica-N service per group of TP cards in compose.replicas.yaml", MULTI_GPU,
+         default="0", tradeoff="GPUS=0,1,2,3 runs four servers behind the router (TP=1)."),
+    Knob("TP", "int", "Tensor parallel size: cards one server spans (TP=2 splits heads, KV and GDN state over two).",
+         "--tensor-parallel-size", MULTI_GPU, default=1, min=1, max=8,
+         tradeoff="TP=2 buys context for one long request; replicas (TP=1) buy throughput (docs/multi-gpu.md)."),
+    Knob("ROUTER_POLICY", "choice", "How vllm-router picks a replica for a request.",
+         "vllm-router --policy", MULTI_GPU, default="cache_aware",
+         choices=("cache_aware", "consistent_hash", "round_robin", "power_of_two"),
+         tradeoff="cache_aware sends a conversation's next turn to the replica holding its prefix; "
+                  "consistent_hash needs a session header from the client."),
+    Knob("ROUTER_WORKERS", "str", "Servers the router sends to, as base URLs (http://host:18020), comma separated; "
+         "empty = the replicas compose.replicas.yaml defines.", "vllm-router --worker-urls", MULTI_GPU, default="",
+         tradeoff="set it to route to servers on other hosts (docs/multi-gpu.md)."),
     # --- prepare --------------------------------------------------------------------------------
     Knob("MODEL_REPO", "str", "Hugging Face repo id of the base checkpoint prepare downloads.",
          "hyperqwen prepare", PREPARE, default="dbirks/Qwen3.8-27B-W4A16-AutoRound"),
@@ -234,4 +327,4 @@ KNOBS: tuple[Knob, ...] = (
 
 KNOBS_BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}
 
-SECTIONS: tuple[str, ...] = (MODEL, SERVER, SECURITY, SPEED, MEMORY, API, OPERATIONS, PREPARE)
+SECTIONS: tuple[str, ...] = (MODEL, SERVER, SECURITY, SPEED, MEMORY, API, OPERATIONS, MULTI_GPU, PREPARE, COMPOSE)

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from hyperqwen.config.sizes import SizeError, parse_size
-from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, MODES, Knob
+from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
 
 DEFAULT = "default"
 ENV_FILE = ".env"
@@ -113,12 +113,41 @@ class Settings(Mapping[str, Any]):
         return tuple(p for p in self.problems if p.severity == "warning")
 
     def under_models_dir(self, value: str) -> Path:
-        path = Path(value).expanduser()
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError:  # "~name" for a user that does not exist: a literal folder name, as the shell keeps it
+            path = Path(value)
         return path if path.is_absolute() else Path(self["MODELS_DIR"]) / path
 
     @property
     def model_path(self) -> Path:
         return self.under_models_dir(self["MODEL"])
+
+    # Typed views the launcher and the memory planner share, so both read a knob the same way.
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """vLLM's --kv-cache-dtype: KV when set (batch's profile sets it), else the single-mode CTX preset's."""
+        if self["KV"] is not None:
+            return KV_DTYPES[self["KV"]]
+        return KV_DTYPES[CTX_PRESETS[self["CTX"]]["kv"]]
+
+    @property
+    def configured_max_model_len(self) -> int:
+        """MAX_LEN if set, else the mode profile's, else the CTX preset's (before the memory check)."""
+        if self["MAX_LEN"] is not None:
+            return int(self["MAX_LEN"])
+        return int(CTX_PRESETS[self["CTX"]]["max_len"])
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens per step for the SPEC method in use (0 without speculative decoding)."""
+        return {"mtp": self["DRAFT_TOKENS"], "dflash2": self["DFLASH_TOKENS"]}.get(self["SPEC"], 0)
+
+    @property
+    def draft_path(self) -> Path | None:
+        """The DFlash2 drafter directory (DRAFT under MODELS_DIR), or None when unset."""
+        return self.under_models_dir(self["DRAFT"]) if self["DRAFT"] else None
 
 
 def format_value(knob: Knob, value: Any) -> str:
@@ -227,6 +256,11 @@ _PASSTHROUGH_PREFIXES = ("VLLM_", "HF_", "HUGGINGFACE_", "CUDA_", "NVIDIA_", "PY
                          "OMP_", "COMPOSE_", "DOCKER_", "HYPERQWEN_", "TRANSFORMERS_", "TOKENIZERS_")
 
 
+# Knobs that name a file or directory (relative ones under MODELS_DIR).
+PATH_KNOBS = tuple(k.name for k in KNOBS if k.kind == "str" and (k.name.endswith(("_DIR", "_FILE"))
+                                                                 or "under MODELS_DIR" in k.doc))
+
+
 def _looks_like_ours(name: str) -> str | None:
     """For an unknown variable: the knob it was probably meant to be, if any."""
     if name in _COMMON_ENV:
@@ -246,7 +280,7 @@ def profile_path(mode: str) -> Path:
     packaged = Path(__file__).parent / "_profiles" / f"{mode}.yaml"
     if packaged.is_file():
         return packaged
-    return Path(__file__).resolve().parents[2] / folder / "profile.yaml"
+    return Path(__file__).resolve().parents[3] / folder / "profile.yaml"
 
 
 def load_profile(mode: str, path: Path | None = None) -> dict[str, Any]:
@@ -327,7 +361,10 @@ def resolve_settings(
             if source == ENV_FILE:
                 passthrough[name] = value
             guess = _looks_like_ours(name)
-            if guess and not name.startswith(_PASSTHROUGH_PREFIXES):
+            # A prefix marks another program's variable (VLLM_..., HF_...), unless the knob it is close to has
+            # the same prefix: VLLM_APIKEY is a misspelt VLLM_API_KEY, not a vLLM setting.
+            if guess and (not name.startswith(_PASSTHROUGH_PREFIXES)
+                          or any(name.startswith(p) and guess.startswith(p) for p in _PASSTHROUGH_PREFIXES)):
                 where = ".env" if source == ENV_FILE else "the environment"
                 problems.append(Problem(
                     "warning", f"{name} (in {where}) is not a HyperQwen knob and is ignored; did you mean {guess}?",
@@ -387,17 +424,38 @@ def check_combination(settings: Settings) -> list[Problem]:
     if settings.explicit("TOOL_PARSER") and not settings["TOOLS"]:
         problems.append(Problem("warning", "TOOL_PARSER has no effect because TOOLS=false", "TOOL_PARSER"))
 
+    # One key rule everywhere (apikey.py); the key file is checked when it is read. Paths too long for Linux
+    # are refused here, before anything opens them (ENAMETOOLONG).
+    from hyperqwen.config.apikey import key_policy_violation, path_problem
+
+    if settings["VLLM_API_KEY"]:
+        violation = key_policy_violation(settings["VLLM_API_KEY"])
+        if violation:
+            problems.append(Problem("error", f"VLLM_API_KEY ({settings.setting('VLLM_API_KEY').source}): "
+                                    f"{violation}", "VLLM_API_KEY"))
+    base_ok = not path_problem(Path(settings["MODELS_DIR"]))
+    for name in PATH_KNOBS:
+        if not settings[name] or (name != "MODELS_DIR" and not base_ok):
+            continue  # a bad MODELS_DIR is reported once, not again for every path under it
+        own = path_problem(Path(settings[name]))
+        joined = None if own or name == "MODELS_DIR" else path_problem(settings.under_models_dir(settings[name]))
+        if own or joined:
+            under = f" (under MODELS_DIR {settings['MODELS_DIR'][:60]!r})" if joined else ""
+            problems.append(Problem("error", f"{name} ({settings.setting(name).source}){under}: {own or joined}; "
+                                    "use a shorter path", name))
+
     bind = settings["BIND"]
     if not _valid_host(bind):
         problems.append(Problem("error", f"BIND={bind!r} is not an IP address or host name; use 127.0.0.1 "
                                 "(this machine only) or 0.0.0.0 (all interfaces)", "BIND"))
 
-    extra = settings["EXTRA_ARGS"]
-    for word in extra:
-        flag = word.split("=", 1)[0]
-        if flag == "--api-key":
-            problems.append(Problem("error", "EXTRA_ARGS contains --api-key: a key on the command line shows in "
-                                    "`ps` and logs; set VLLM_API_KEY or API_KEY_FILE instead", "EXTRA_ARGS"))
+    # EXTRA_ARGS read as vLLM's parser reads it (underscores, abbreviations, dotted JSON keys): see extra_args.py.
+    from hyperqwen.config.extra_args import builder_flags, check_extra_args
+
+    extra_raw = settings.setting("EXTRA_ARGS").raw
+    for message in check_extra_args(settings["EXTRA_ARGS"], extra_raw,
+                                    builder_flags(settings) if settings["EXTRA_ARGS"] else ()):
+        problems.append(Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS"))
     return problems
 
 

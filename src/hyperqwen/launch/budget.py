@@ -1,51 +1,85 @@
-"""Settings -> memory planner inputs, and the check `hyperqwen serve` runs before vLLM loads anything."""
+"""The memory step of a launch: settings + the card -> the context length and budget that will run.
+
+`hyperqwen serve` decides this BEFORE it builds the vLLM command line, and builds the command line once
+from the decision, so `--print`, `--explain` and the exec all show the same numbers. Pure: the GPU facts
+are passed in (serve reads them at its I/O edge).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
-from hyperqwen.memory import GpuFacts, MemoryBudget, plan_memory
-from hyperqwen.launch.command import kv_cache_dtype, max_model_len
-from hyperqwen.config.settings import Settings
+from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.launch.command import configured_max_model_len
+
+MEMORY_CHECK_HINT = "(`hyperqwen plan` shows the whole budget; if you measured that it fits, MEMORY_CHECK=warn)"
 
 
-def memory_knobs(settings: Settings, *, max_len: int | None = None) -> dict[str, object]:
-    """The planner's inputs, as vLLM will see them (KV as the vLLM dtype string, DRAFT as a path).
-
-    max_len: None keeps what the settings give (MAX_LEN, else the mode/CTX default); a number replaces it.
-    """
-    draft = settings["DRAFT"]
-    return {
-        "KV": kv_cache_dtype(settings),
-        "MAX_LEN": max_model_len(settings) if max_len is None else max_len,
-        "MAX_SEQS": settings["MAX_SEQS"],
-        "SPEC": settings["SPEC"],
-        "DRAFT_TOKENS": settings["DRAFT_TOKENS"],
-        "DFLASH_TOKENS": settings["DFLASH_TOKENS"],
-        "DRAFT": str(settings.under_models_dir(draft)) if draft else None,
-        "PREFIX_CACHE": settings["PREFIX_CACHE"],
-        "STATE_DTYPE": settings["STATE_DTYPE"],
-        "KV_MEM": settings["KV_MEM"],
-        "GPU_UTIL": settings["GPU_UTIL"],
-        "MAX_BATCHED_TOKENS": settings["MAX_BATCHED_TOKENS"],
-        "DTYPE": settings["DTYPE"],
-        "VISION": settings["VISION"],
-    }
+class BudgetOutcome(StrEnum):
+    FITS = "fits"
+    SHORTENED = "fits with a shorter context"  # MAX_LEN was unset; the planner chose the largest that fits
+    DOES_NOT_FIT = "does not fit"  # only with MEMORY_CHECK=warn: started anyway
+    NOT_CHECKED = "not checked"  # MEMORY_CHECK=off, or no GPU to plan for
 
 
 @dataclass(frozen=True)
-class Preflight:
-    budget: MemoryBudget
-    chosen_max_len: int | None  # set when MAX_LEN was unset and the default did not fit
+class LaunchBudget:
+    """What the memory step decided: the context length to run, and why.
+
+    max_model_len: what goes to --max-model-len. budget: the planner's full answer (None when not checked).
+    notes: one-line messages for the log (the plan chosen, a shortened context, a skipped check).
+    """
+
+    max_model_len: int
+    outcome: BudgetOutcome
+    budget: object | None = None  # hyperqwen.memory.MemoryBudget; typed loosely so --help needs no planner import
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """The one line serve logs about the plan it chose."""
+        if self.budget is None:
+            return f"memory plan: {self.outcome.value}; MAX_LEN={self.max_model_len}"
+        b = self.budget
+        gpu = b.gpu  # type: ignore[attr-defined]
+        return (f"memory plan: {self.outcome.value} on {gpu.name} ({gpu.total_bytes / 2**30:.2f} GiB): "
+                f"MAX_LEN={self.max_model_len}, KV pool {b.pool_bytes / 2**30:.2f} GiB "  # type: ignore[attr-defined]
+                f"= {b.pool_tokens:,} tokens, up to {b.max_concurrency} requests at full length")  # type: ignore[attr-defined]
 
 
-def check_memory(settings: Settings, gpu: GpuFacts, overrides: Mapping[str, int] | None = None) -> Preflight:
-    """Plan the card. When MAX_LEN was left unset and the mode's default does not fit, choose the largest
-    MAX_LEN that does (the planner's answer), instead of letting vLLM fail after minutes of loading."""
-    budget = plan_memory(settings.model_path, memory_knobs(settings), gpu, overrides)
-    if budget.fits or settings.explicit("MAX_LEN") or not budget.largest_fitting_max_len:
-        return Preflight(budget, None)
-    chosen = budget.largest_fitting_max_len
-    retry = plan_memory(settings.model_path, memory_knobs(settings, max_len=chosen), gpu, overrides)
-    return Preflight(retry, chosen) if retry.fits else Preflight(budget, None)
+def decide_budget(settings: Settings, gpu: object | None) -> LaunchBudget:
+    """Plan the card and decide MAX_LEN. gpu: a hyperqwen.memory.GpuFacts, or None when there is no GPU.
+
+    - MEMORY_CHECK=off or no GPU: MAX_LEN as configured, not checked.
+    - fits: MAX_LEN as configured.
+    - does not fit, MAX_LEN unset by the user, a shorter one fits: that one (outcome SHORTENED).
+    - does not fit otherwise: SettingsError naming the fix (strict), or a warning and the configured
+      MAX_LEN (warn).
+    """
+    configured = configured_max_model_len(settings)
+    if settings["MEMORY_CHECK"] == "off":
+        return LaunchBudget(configured, BudgetOutcome.NOT_CHECKED, notes=("memory check off (MEMORY_CHECK=off)",))
+    if gpu is None:
+        return LaunchBudget(configured, BudgetOutcome.NOT_CHECKED,
+                            notes=("no NVIDIA GPU found (CUDA); memory check skipped",))
+
+    from hyperqwen.memory import CheckpointError, MemoryPlanError, plan_memory
+
+    try:
+        budget = plan_memory(settings, gpu)
+        if budget.fits:
+            return LaunchBudget(budget.max_model_len, BudgetOutcome.FITS, budget)
+        chosen = budget.largest_fitting_max_len
+        if not settings.explicit("MAX_LEN") and chosen:
+            shorter = plan_memory(settings, gpu, max_len=chosen)
+            if shorter.fits:
+                note = (f"MAX_LEN unset and the default {configured} does not fit; the planner chose MAX_LEN={chosen} "
+                        "(set MAX_LEN to choose yourself)")
+                return LaunchBudget(chosen, BudgetOutcome.SHORTENED, shorter, (note,))
+    except (MemoryPlanError, CheckpointError) as exc:
+        raise SettingsError([Problem("error", f"memory check: {exc}", "MEMORY_CHECK")]) from None
+    message = ("memory check: these settings do not fit the GPU.\n" + budget.explain_failure() + "\n"
+               + MEMORY_CHECK_HINT)
+    if settings["MEMORY_CHECK"] == "warn":
+        return LaunchBudget(configured, BudgetOutcome.DOES_NOT_FIT, budget, (f"warning: {message}",))
+    raise SettingsError([Problem("error", message, "MAX_LEN")])

@@ -1,4 +1,8 @@
-"""Settings -> the vLLM server command line and environment. Pure: no I/O, no GPU, no network."""
+"""Settings + the memory decision -> the vLLM server command line and environment. Pure: no I/O, no GPU.
+
+Built once per launch, after the memory step (launch/budget.py) has fixed the context length; what
+`hyperqwen serve --print` shows is this object, and the exec runs this object.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from hyperqwen.config.knobs import CTX_PRESETS, KV_DTYPES
 from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -16,7 +19,7 @@ MASK = "****"
 
 
 @dataclass(frozen=True)
-class Plan:
+class VllmCommand:
     """What `hyperqwen serve` will exec.
 
     argv: the full command, argv[0] the Python interpreter.
@@ -53,18 +56,9 @@ class Plan:
         return {name: (MASK if name in SECRET_ENV else value) for name, value in self.env.items()}
 
 
-def kv_cache_dtype(settings: Settings) -> str:
-    """The vLLM --kv-cache-dtype: KV when set (batch's profile sets it), else the single-mode CTX preset's."""
-    if settings["KV"] is not None:
-        return KV_DTYPES[settings["KV"]]
-    return KV_DTYPES[CTX_PRESETS[settings["CTX"]]["kv"]]
-
-
-def max_model_len(settings: Settings) -> int:
-    """MAX_LEN if set, else the mode profile's, else the CTX preset's."""
-    if settings["MAX_LEN"] is not None:
-        return int(settings["MAX_LEN"])
-    return int(CTX_PRESETS[settings["CTX"]]["max_len"])
+def configured_max_model_len(settings: Settings) -> int:
+    """MAX_LEN as configured (MAX_LEN, else the mode profile's, else the CTX preset's), before the memory step."""
+    return settings.configured_max_model_len
 
 
 def speculative_config(settings: Settings) -> dict | None:
@@ -78,9 +72,11 @@ def speculative_config(settings: Settings) -> dict | None:
     return None
 
 
-def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | None = None,
-               python: str = sys.executable) -> Plan:
-    """Settings (+ the API key, + the address to listen on inside a container) -> Plan.
+def build_command(settings: Settings, *, max_model_len: int | None = None, api_key: str | None,
+                  listen_host: str | None = None, python: str = sys.executable) -> VllmCommand:
+    """Settings (+ the decided context length, the API key, the in-container listen address) -> the command.
+
+    max_model_len: what the memory step decided (launch/budget.py); None = as configured (tests, docs).
 
     api_key: the key clients must send, or None for no key. It goes to vLLM through VLLM_API_KEY,
     never the command line. listen_host: where the server listens when it differs from BIND (inside a
@@ -96,8 +92,8 @@ def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | No
             f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
             f"or keep BIND=127.0.0.1.", "BIND")])
 
-    kv_dtype = kv_cache_dtype(settings)
-    model_len = max_model_len(settings)
+    kv_dtype = settings.kv_cache_dtype
+    model_len = settings.configured_max_model_len if max_model_len is None else max_model_len
     args: list[str] = [
         "--model", str(settings.model_path),
         "--served-model-name", settings["SERVED_MODEL_NAME"],
@@ -110,6 +106,9 @@ def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | No
         # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
         "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
     ]
+    if settings["TP"] > 1:
+        # One server over TP cards (docs/multi-gpu.md); memory/parallel.py plans one rank's share.
+        args += ["--tensor-parallel-size", str(settings["TP"])]
     if not settings["VISION"]:
         args.append("--language-model-only")
     for knob, flag in (("MAX_SEQS", "--max-num-seqs"), ("MAX_BATCHED_TOKENS", "--max-num-batched-tokens"),
@@ -120,11 +119,17 @@ def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | No
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if settings["TOOLS"]:
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
+        # "parameter": a forced call (tool_choice named/required) is grammar-held to the tool's JSON schema,
+        # not only its <function=NAME> frame (vllm/tool_parsers/structural_tag_registry.py,
+        # resolve_tool_strictness); under tool_choice=auto a started call is held to it too. docs/agents.md.
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"],
+                 "--tool-strict-level", "parameter"]
     if settings["REASONING_PARSER"] != "none":
         args += ["--reasoning-parser", settings["REASONING_PARSER"]]
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.
     args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": bool(settings["THINKING"])})]
+    # Agents give up on a silent stream (a long prefill); patch 0022 extends this to /v1/messages and responses.
+    args += ["--sse-keep-alive-interval", str(settings["STREAM_KEEPALIVE"])]
     if settings["TEMPERATURE"] is not None:
         args += ["--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})]
     args += list(settings["EXTRA_ARGS"])
@@ -137,8 +142,12 @@ def build_plan(settings: Settings, *, api_key: str | None, listen_host: str | No
         unset = ("VLLM_API_KEY",)  # an inherited empty or stale value must not half-enable auth
     # Read by patch 0002 (vLLM's auth middleware); always explicit, so an inherited value cannot open /metrics.
     env["HYPERQWEN_METRICS_PUBLIC"] = "1" if settings["METRICS_PUBLIC"] else "0"
+    # Read by patch 0023 (a request's effort may switch thinking only when allowed); docs/agents.md.
+    env["HYPERQWEN_CLIENT_THINKING"] = "1" if settings["CLIENT_THINKING"] else "0"
+    # Read by patch 0040 (engine stall sentinel); docs/troubleshooting.md.
+    env["HYPERQWEN_ENGINE_STALL_TIMEOUT"] = str(settings["ENGINE_STALL_TIMEOUT"])
     if settings["HF_TOKEN"]:
         env["HF_TOKEN"] = settings["HF_TOKEN"]
 
-    return Plan(argv=(python, "-m", VLLM_SERVER_MODULE, *args), env=env, unset_env=unset,
+    return VllmCommand(argv=(python, "-m", VLLM_SERVER_MODULE, *args), env=env, unset_env=unset,
                 problems=settings.problems, kv_cache_dtype=kv_dtype, max_model_len=model_len)

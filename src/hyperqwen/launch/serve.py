@@ -1,26 +1,61 @@
-"""`hyperqwen serve`: resolve settings, build the plan, check it, exec the vLLM OpenAI server."""
+"""`hyperqwen serve`: settings -> memory budget -> vLLM command line -> print, explain or exec.
+
+One way through: `prepare_launch` decides the memory budget (and with it the context length) first,
+then builds the command line once; `--print` prints that command, `--explain` explains it, and the exec
+runs it. Nothing is computed twice.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from hyperqwen.config.knobs import KNOBS, MODES
-from hyperqwen.launch.command import Plan, build_plan
 from hyperqwen.config.apikey import read_api_key
-from hyperqwen.config.load import add_settings_arguments, load_settings, parse_overrides  # noqa: F401 (re-exported)
-from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
+from hyperqwen.config.knobs import KNOBS
+from hyperqwen.config.load import add_settings_arguments, settings_from_args
+from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
+from hyperqwen.launch.command import VllmCommand, build_command
 
 # Inside the image the server listens on all interfaces of the container's own network namespace;
 # compose publishes the port on BIND only. Set by the Dockerfile, never by users.
 LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 
 
-def explain(settings: Settings, plan: Plan | None) -> str:
-    """Every knob's final value and where it came from; secrets masked."""
+@dataclass(frozen=True)
+class Launch:
+    """Everything one start decides: the settings, the memory decision, and the one command it runs."""
+
+    settings: Settings
+    budget: LaunchBudget
+    command: VllmCommand
+
+
+GpuReader = Callable[[], object | None]
+
+
+def read_gpu() -> object | None:
+    """The card vLLM will see (hyperqwen.memory's reader), or None without a GPU."""
+    from hyperqwen.memory import read_gpu_facts
+
+    return read_gpu_facts()
+
+
+def prepare_launch(settings: Settings, environ: Mapping[str, str], gpu: object | None) -> Launch:
+    """Decide the budget, then build the command from that decision. Pure given `gpu` (no exec, no GPU I/O)."""
+    api_key = read_api_key(settings)
+    budget = decide_budget(settings, gpu)
+    command = build_command(settings, max_model_len=budget.max_model_len, api_key=api_key,
+                            listen_host=environ.get(LISTEN_HOST_ENV) or None)
+    return Launch(settings, budget, command)
+
+
+def explain(launch: Launch) -> str:
+    """Every knob's final value and where it came from (secrets masked), then the memory decision."""
+    settings = launch.settings
     rows = [("KNOB", "VALUE", "SOURCE")]
     for knob in KNOBS:
         setting = settings.setting(knob.name)
@@ -29,8 +64,8 @@ def explain(settings: Settings, plan: Plan | None) -> str:
         rows.append((knob.name, value + note, setting.source))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{name:<{widths[0]}}  {value:<{widths[1]}}  {source}" for name, value, source in rows]
-    if plan is not None:
-        lines += ["", f"KV cache dtype: {plan.kv_cache_dtype}; max model length: {plan.max_model_len}"]
+    lines += ["", f"KV cache dtype: {launch.command.kv_cache_dtype}; max model length: {launch.command.max_model_len}",
+              launch.budget.summary(), *launch.budget.notes]
     lines += [f"{problem}" for problem in settings.problems]
     return "\n".join(lines)
 
@@ -40,9 +75,9 @@ def report(problems: Sequence[Problem]) -> None:
         print(f"hyperqwen: {problem}", file=sys.stderr)
 
 
-def exec_environment(plan: Plan, environ: Mapping[str, str]) -> dict[str, str]:
-    env = {name: value for name, value in environ.items() if name not in plan.unset_env}
-    env.update(plan.env)
+def exec_environment(command: VllmCommand, environ: Mapping[str, str]) -> dict[str, str]:
+    env = {name: value for name, value in environ.items() if name not in command.unset_env}
+    env.update(command.env)
     return env
 
 
@@ -56,81 +91,54 @@ def check_model_dir(settings: Settings) -> list[Problem]:
     return []
 
 
-def memory_preflight(settings: Settings, plan: Plan, environ: Mapping[str, str], gpu=None) -> Plan:
-    """Before vLLM loads anything: does the plan fit the GPU's free memory? Returns the plan to run
-    (with MAX_LEN chosen by the planner when the user left it unset and the default does not fit).
-    gpu: the card's facts; None reads them (nvidia-smi, torch.cuda)."""
-    from hyperqwen.memory import CheckpointError, MemoryPlanError, read_gpu_facts
-    from hyperqwen.launch.budget import check_memory
-
-    if settings["MEMORY_CHECK"] == "off":
-        return plan
-    gpu = gpu or read_gpu_facts()
-    if gpu is None:
-        print("hyperqwen: no NVIDIA GPU found (nvidia-smi, torch.cuda); memory preflight skipped", file=sys.stderr)
-        return plan
-    try:
-        result = check_memory(settings, gpu)
-    except (MemoryPlanError, CheckpointError) as exc:
-        raise SettingsError([Problem("error", f"memory preflight: {exc}")]) from None
-    if not result.budget.fits:
-        message = ("memory preflight: these settings do not fit the GPU's free memory.\n"
-                   + result.budget.explain_failure()
-                   + "\n(`hyperqwen plan` shows the whole budget; if you measured that it fits, MEMORY_CHECK=warn)")
-        if settings["MEMORY_CHECK"] == "warn":
-            report([Problem("warning", message, "MEMORY_CHECK")])
-            return plan
-        raise SettingsError([Problem("error", message, "MAX_LEN")])
-    if result.chosen_max_len is not None:
-        print(f"hyperqwen: MAX_LEN unset and the default does not fit; the planner chose MAX_LEN="
-              f"{result.chosen_max_len} (set MAX_LEN to choose yourself)", file=sys.stderr)
-        settings = settings.with_value("MAX_LEN", result.chosen_max_len, PLANNER)
-        plan = build_plan(settings, api_key=plan.env.get("VLLM_API_KEY"),
-                          listen_host=environ.get(LISTEN_HOST_ENV) or None, python=plan.argv[0])
-    return plan
+Exec = Callable[[str, list[str], dict[str, str]], object]
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
+        gpu_reader: GpuReader = read_gpu, execve: Exec = os.execve) -> int:
+    """The command. gpu_reader and execve are the two I/O edges, replaceable in tests."""
     environ = os.environ if environ is None else environ
     try:
-        settings = load_settings(environ, mode=args.mode, env_file=args.env_file, overrides=args.set or ())
-        plan = build_plan(settings, api_key=read_api_key(settings), listen_host=environ.get(LISTEN_HOST_ENV) or None)
+        settings = settings_from_args(args, environ)
+        if not (args.print or args.explain):
+            report(settings.warnings)
+            model_problems = check_model_dir(settings)
+            if model_problems:
+                report(model_problems)
+                return 2
+        gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
+        launch = prepare_launch(settings, environ, gpu)
     except SettingsError as exc:
         report(exc.problems)
         print("hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
               file=sys.stderr)
         return 2
     if args.explain:
-        print(explain(settings, plan))
+        print(explain(launch))
         return 0
     if args.print:
-        print(plan.shell_command())
+        print(launch.command.shell_command())
         report(settings.warnings)
+        for note in launch.budget.notes:
+            print(f"hyperqwen: {note}", file=sys.stderr)
         return 0
-    report(settings.warnings)
-    problems = check_model_dir(settings)
-    if problems:
-        report(problems)
-        return 2
-    try:
-        plan = memory_preflight(settings, plan, environ)
-    except SettingsError as exc:
-        report(exc.problems)
-        return 2
+    print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
+    for note in launch.budget.notes:
+        print(f"hyperqwen: {note}", file=sys.stderr)
+    if launch.budget.outcome is BudgetOutcome.DOES_NOT_FIT:
+        print("hyperqwen: starting anyway because MEMORY_CHECK=warn", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(plan.argv[0], list(plan.argv), exec_environment(plan, environ))
+    execve(launch.command.argv[0], list(launch.command.argv), exec_environment(launch.command, environ))
     return 0  # pragma: no cover - execve does not return
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="start the vLLM server for a mode (or print/explain what would start)",
-        description="Resolve the knobs (defaults < mode profile < .env < environment < --set), build the vLLM "
-                    "command and exec it.")
-    parser.add_argument("--mode", choices=MODES, help="single or batch (default: MODE, else single)")
+        description="Resolve the knobs (defaults < mode profile < .env < environment < --set), decide the memory "
+                    "budget, build the vLLM command once, and print, explain or exec it.")
+    add_settings_arguments(parser)
     parser.add_argument("--print", action="store_true", help="print the exact command and environment; start nothing")
     parser.add_argument("--explain", action="store_true", help="show every setting, its value and its source")
-    parser.add_argument("--env-file", help="read knobs from this file (default: ./.env when it exists)")
-    parser.add_argument("--set", action="append", metavar="KNOB=VALUE", help="override a knob (repeatable)")
     parser.set_defaults(func=run)

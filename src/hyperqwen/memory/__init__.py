@@ -1,27 +1,27 @@
 """Memory planner: what fits on the card, computed before vLLM loads anything.
 
 Public API (pure; no torch import at module import time):
-    plan_memory(model_dir, knobs, gpu, overrides=None) -> MemoryBudget
-    largest_max_len_that_fits(model_dir, knobs, gpu, overrides=None) -> int
+    plan_memory(settings, gpu, *, model_dir=None, terms=None, max_len=None) -> MemoryBudget
+    parse_gpu("rtx3090" | "24GiB", reserved=None, wsl2=False) -> GpuFacts
     read_gpu_facts() -> GpuFacts | None
-    MemoryKnobs.from_knobs(mapping with CONTRACT.md knob names)
 """
 
 from hyperqwen.memory.budget import (
-    GpuFacts,
+    LayoutKnobs,
     MemoryBudget,
-    MemoryKnobs,
+    MemoryInputs,
     MemoryPlanError,
+    Outcome,
     Term,
     build_layout,
     largest_max_len_that_fits,
-    parse_size,
     plan_memory,
-    read_gpu_facts,
 )
 from hyperqwen.memory.checkpoint import CheckpointError
+from hyperqwen.memory.gpu import CARDS, GpuError, GpuFacts, parse_gpu, read_gpu_facts
 
 __all__ = [
-    "CheckpointError", "GpuFacts", "MemoryBudget", "MemoryKnobs", "MemoryPlanError", "Term", "build_layout",
-    "largest_max_len_that_fits", "parse_size", "plan_memory", "read_gpu_facts",
+    "CARDS", "CheckpointError", "GpuError", "GpuFacts", "LayoutKnobs", "MemoryBudget", "MemoryInputs",
+    "MemoryPlanError", "Outcome", "Term", "build_layout", "largest_max_len_that_fits", "parse_gpu",
+    "plan_memory", "read_gpu_facts",
 ]

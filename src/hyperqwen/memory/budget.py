@@ -1,19 +1,43 @@
-"""The whole-card budget: weights + non-pool terms + KV pool + headroom, and the preflight verdict.
+"""The whole-card budget, in vLLM 0.32.0's order of events, and the verdict.
 
-Pure functions: inputs are a checkpoint directory (read-only, headers only), resolved knob values and GPU
-facts; nothing is started, nothing imported from torch at import time.
+vLLM's start, and where each planner term sits in it (paths under site-packages/vllm/):
+
+1. CUDA context (+ NCCL, none for one GPU): `v1/worker/gpu_worker.py Worker.init_device` creates it BEFORE
+   taking the start snapshot. So the context never comes out of the KV pool; it only lowers the free
+   memory that the startup check sees (term `cuda_context`).
+2. Startup check: `v1/worker/utils.py request_memory`: requested = ceil(total x GPU_UTIL), and vLLM refuses
+   to start when the snapshot's free memory is below it. This runs with KV_MEM too (GPU_UTIL then stays
+   at its 0.9 default for this check).
+3. Weights: `Worker.load_model` (term `weights`; MTP adds `load_transient` while its embed/lm_head copies
+   exist).
+4. Profile run: `Worker.determine_available_memory` -> `utils/mem_utils.py memory_profiling`: non-KV
+   memory = weights + non-torch growth since the snapshot + the transient activation peak
+   (`activation_peak`).
+5. CUDA graphs: `v1/worker/gpu_model_runner.py GPUModelRunner.profile_cudagraph_memory` estimates graph
+   memory and, with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (the default), takes it from the pool
+   (`cuda_graphs`; calibrated together with the non-torch growth). Graphs vLLM does not profile (the
+   DFlash2 drafter's, per the 3090 reference) are `uncounted_graphs`.
+6. Pool: available = requested - non-KV - graph estimate (`determine_available_memory`), or KV_MEM exactly.
+7. Boot check: `v1/core/kv_cache_utils.py _check_enough_kv_cache_memory`: one MAX_LEN request must fit.
+8. After boot: `Worker.compile_or_warm_up_model` captures the graphs; from then on the process holds
+   weights + activation cache + graphs + pool, and what is left of the card is the headroom
+   (`headroom_floor` must stay free).
+
+Pure functions: inputs are typed settings, a checkpoint (headers only, or the bundled default) and GPU
+facts; nothing is started, nothing imported from torch.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import shutil
-import subprocess
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from hyperqwen.config.knobs import KNOBS_BY_NAME
+from hyperqwen.config.sizes import GiB, MiB
 from hyperqwen.memory.checkpoint import (
     DTYPE_BYTES,
     Checkpoint,
@@ -25,9 +49,9 @@ from hyperqwen.memory.checkpoint import (
     read_config,
     weight_bytes,
 )
+from hyperqwen.memory.gpu import GpuFacts, fraction_that_fits
 from hyperqwen.memory.kvcache import (
     DEFAULT_KERNEL_BLOCK_ALIGNMENT,
-    SUPPORTED_KV_DTYPES,
     PoolInputs,
     PoolLayout,
     attention_bytes_per_token_layer,
@@ -35,178 +59,131 @@ from hyperqwen.memory.kvcache import (
     pool_layout,
 )
 
-MiB = 1024**2
-GiB = 1024**3
-
-SPEC_METHODS = ("none", "mtp", "dflash2")
-STATE_DTYPES = ("auto", "float16", "float32", "bfloat16")
-MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
+if TYPE_CHECKING:
+    from hyperqwen.config.settings import Settings
 
 
 class MemoryPlanError(ValueError):
-    """The requested configuration does not fit; the message says why, what fits and which knob to change."""
+    """The inputs cannot be planned (a missing drafter, a model without an MTP head); one line, names the knob."""
+
+
+class Outcome(str, Enum):
+    """The verdict, most severe first; `hyperqwen plan` exits with `exit_code`."""
+
+    REFUSES_BOOT = "vLLM would refuse to boot"
+    SHORTER = "fits only with a shorter context"
+    CARD_FULL = "card full after boot"
+    FITS = "fits"
+
+    @property
+    def exit_code(self) -> int:
+        # 1 is left out on purpose: it is what Python exits with on an uncaught error.
+        return {Outcome.FITS: 0, Outcome.SHORTER: 3, Outcome.REFUSES_BOOT: 4, Outcome.CARD_FULL: 5}[self]
 
 
 # --- inputs ----------------------------------------------------------------------------------------
 
+# vLLM 0.32.0's defaults for the OpenAI server on a card under 70 GiB (engine/arg_utils.py
+# EngineArgs._set_default_max_num_seqs_and_batched_tokens_args) and CacheConfig.gpu_memory_utilization.
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+VLLM_DEFAULT_GPU_UTIL = 0.9
+
+# The measured terms a user (or a test) may replace, by knob name (config/knobs.py documents each).
+TERM_KNOBS = ("CUDA_CONTEXT", "CUDA_GRAPHS", "ACTIVATION_PEAK", "UNCOUNTED_GRAPHS", "PROFILE_MARGIN",
+              "HEADROOM_FLOOR")
+# Further overrides only code passes (calibration against other checkpoints, the allocator tests).
+EXTRA_TERMS = ("WEIGHTS", "DRAFTER_WEIGHTS", "KERNEL_BLOCK_ALIGNMENT")
+
+
 @dataclass(frozen=True)
-class MemoryKnobs:
-    """Resolved, vLLM-level values the budget depends on (knob names from CONTRACT.md in comments).
+class MemoryInputs:
+    """The vLLM-level values the budget depends on, read from Settings only (no second validation: the
+    knob schema in config/knobs.py already checked every value)."""
 
-    kv_cache_dtype            KV        -> --kv-cache-dtype (vLLM string: auto, bfloat16, fp8, int8_per_token_head, ...)
-    max_model_len             MAX_LEN   -> --max-model-len (None: the planner picks the largest that fits)
-    max_num_seqs              MAX_SEQS  -> --max-num-seqs
-    spec_method               SPEC      (none | mtp | dflash2)
-    num_speculative_tokens    DRAFT_TOKENS (mtp) / DFLASH_TOKENS (dflash2); 0 without SPEC
-    prefix_caching            PREFIX_CACHE
-    state_dtype               STATE_DTYPE -> --mamba-ssm-cache-dtype
-    kv_cache_memory_bytes     KV_MEM    -> --kv-cache-memory-bytes (None: derived from GPU_UTIL)
-    gpu_memory_utilization    GPU_UTIL  -> --gpu-memory-utilization (None: vLLM's default 0.9)
-    max_num_batched_tokens    MAX_BATCHED_TOKENS
-    model_dtype               DTYPE     -> --dtype
-    language_model_only       not VISION -> --language-model-only
-    draft_dir                 DRAFT (the DFlash drafter directory; read for its layers and weights)
-    """
-
-    kv_cache_dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 1
-    spec_method: str = "none"
-    num_speculative_tokens: int = 0
-    prefix_caching: bool = True
-    state_dtype: str = "auto"
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    max_num_batched_tokens: int = 8192
-    model_dtype: str = "auto"
-    language_model_only: bool = True
-    draft_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        def bad(knob: str, value: object, ok: str) -> MemoryPlanError:
-            return MemoryPlanError(f"{knob}={value!r} is not valid for the memory planner; use {ok}")
-
-        if self.kv_cache_dtype not in SUPPORTED_KV_DTYPES:
-            raise bad("KV", self.kv_cache_dtype, ", ".join(SUPPORTED_KV_DTYPES))
-        if self.spec_method not in SPEC_METHODS:
-            raise bad("SPEC", self.spec_method, " | ".join(SPEC_METHODS))
-        if self.state_dtype not in STATE_DTYPES:
-            raise bad("STATE_DTYPE", self.state_dtype, " | ".join(STATE_DTYPES))
-        if self.model_dtype not in MODEL_DTYPES:
-            raise bad("DTYPE", self.model_dtype, " | ".join(MODEL_DTYPES))
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise bad("MAX_LEN", self.max_model_len, "a positive token count")
-        if self.max_num_seqs < 1:
-            raise bad("MAX_SEQS", self.max_num_seqs, "an integer >= 1")
-        if self.num_speculative_tokens < 0 or (self.spec_method == "none" and self.num_speculative_tokens):
-            raise bad("DRAFT_TOKENS/DFLASH_TOKENS", self.num_speculative_tokens,
-                      "0 with SPEC=none, 1 or more with SPEC=mtp|dflash2")
-        if self.spec_method != "none" and self.num_speculative_tokens < 1:
-            raise bad("DRAFT_TOKENS/DFLASH_TOKENS", self.num_speculative_tokens, "an integer >= 1 with SPEC set")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
-            raise bad("KV_MEM", self.kv_cache_memory_bytes, "a positive byte count, e.g. 5GiB")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise bad("GPU_UTIL", self.gpu_memory_utilization, "a fraction in (0, 1]")
-        if self.max_num_batched_tokens < 1:
-            raise bad("MAX_BATCHED_TOKENS", self.max_num_batched_tokens, "an integer >= 1")
+    model_dir: Path
+    kv_cache_dtype: str  # --kv-cache-dtype
+    max_model_len: int  # --max-model-len
+    max_num_seqs: int  # --max-num-seqs
+    spec_method: str  # none | mtp | dflash2
+    num_speculative_tokens: int
+    prefix_caching: bool
+    state_dtype: str  # --mamba-ssm-cache-dtype
+    kv_cache_memory_bytes: int | None  # --kv-cache-memory-bytes
+    gpu_memory_utilization: float  # --gpu-memory-utilization (vLLM's default when unset)
+    max_num_batched_tokens: int
+    model_dtype: str  # --dtype
+    language_model_only: bool
+    draft_dir: Path | None
+    terms: Mapping[str, int | None]  # TERM_KNOBS values (None: the planner's estimate) + EXTRA_TERMS
 
     @classmethod
-    def from_knobs(cls, knobs: Mapping[str, object]) -> MemoryKnobs:
-        """Build from CONTRACT.md knob names; values already resolved by settings (missing = default)."""
-        spec = str(knobs.get("SPEC") or "none")
-        if spec == "mtp":
-            k = int(knobs.get("DRAFT_TOKENS") or 0)
-        elif spec == "dflash2":
-            k = int(knobs.get("DFLASH_TOKENS") or 0)
-        else:
-            k = 0
-        vision = knobs.get("VISION")
-
-        def opt_int(name: str) -> int | None:
-            v = knobs.get(name)
-            return None if v is None or v == "" else int(v)  # type: ignore[arg-type]
-
-        util = knobs.get("GPU_UTIL")
+    def from_settings(cls, settings: Settings, *, model_dir: Path | None = None, max_len: int | None = None,
+                      terms: Mapping[str, int] | None = None) -> MemoryInputs:
+        util = settings["GPU_UTIL"]
+        values: dict[str, int | None] = {name: settings[name] for name in TERM_KNOBS}
+        values.update(terms or {})
         return cls(
-            kv_cache_dtype=str(knobs.get("KV") or "auto"),
-            max_model_len=opt_int("MAX_LEN"),
-            max_num_seqs=opt_int("MAX_SEQS") or 1,
-            spec_method=spec,
-            num_speculative_tokens=k,
-            prefix_caching=bool(knobs.get("PREFIX_CACHE", True)),
-            state_dtype=str(knobs.get("STATE_DTYPE") or "auto"),
-            kv_cache_memory_bytes=opt_int("KV_MEM"),
-            gpu_memory_utilization=None if util in (None, "") else float(util),  # type: ignore[arg-type]
-            max_num_batched_tokens=opt_int("MAX_BATCHED_TOKENS") or 8192,
-            model_dtype=str(knobs.get("DTYPE") or "auto"),
-            language_model_only=not bool(vision) if vision is not None else True,
-            draft_dir=(str(knobs["DRAFT"]) if knobs.get("DRAFT") else None),
+            model_dir=Path(model_dir) if model_dir is not None else settings.model_path,
+            kv_cache_dtype=settings.kv_cache_dtype,
+            max_model_len=int(max_len) if max_len is not None else settings.configured_max_model_len,
+            max_num_seqs=int(settings["MAX_SEQS"] or VLLM_DEFAULT_MAX_NUM_SEQS),
+            spec_method=settings["SPEC"],
+            num_speculative_tokens=settings.num_speculative_tokens,
+            prefix_caching=bool(settings["PREFIX_CACHE"]),
+            state_dtype=settings["STATE_DTYPE"],
+            kv_cache_memory_bytes=settings["KV_MEM"],
+            gpu_memory_utilization=float(util) if util is not None else VLLM_DEFAULT_GPU_UTIL,
+            max_num_batched_tokens=int(settings["MAX_BATCHED_TOKENS"] or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            model_dtype=settings["DTYPE"],
+            language_model_only=not settings["VISION"],
+            draft_dir=settings.draft_path,
+            terms=values,
         )
 
-
-@dataclass(frozen=True)
-class GpuFacts:
-    """What the planner knows about the card: total memory, and memory free before vLLM starts."""
-
-    total_bytes: int
-    free_bytes: int
-    name: str = "unknown GPU"
-    source: str = "given"
-
-    @classmethod
-    def nominal(cls, total_bytes: int, *, reserved_bytes: int = 0, wsl2: bool = False,
-                wsl2_reduction_bytes: int | None = None) -> GpuFacts:
-        """A card as planned without measuring it: free = total - reserved (desktop, other apps) - WSL2 loss."""
-        loss = (WSL2_REDUCTION.value if wsl2_reduction_bytes is None else wsl2_reduction_bytes) if wsl2 else 0
-        src = f"nominal {format_gib(total_bytes)} card"
-        if reserved_bytes:
-            src += f", {format_gib(reserved_bytes)} reserved"
-        if wsl2:
-            src += f", WSL2 (-{format_gib(loss)})"
-        return cls(total_bytes, max(total_bytes - reserved_bytes - loss, 0), "planned card", src)
+    def term(self, name: str) -> int | None:
+        value = self.terms.get(name)
+        return None if value is None else int(value)
 
 
 # --- non-pool terms ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Term:
-    """A memory term that can only be measured on a GPU: the value we use and where it comes from."""
+    """One memory term: its bytes and where the number comes from."""
 
     value: int
     source: str
 
 
-# Values measured elsewhere (the 3090 reference setup, vLLM 0.27.1 + patches; shared/reference/
-# reference-numbers.md) or estimated; every one can be replaced with --set NAME=BYTES.
-CUDA_GRAPHS = Term(1400 * MiB, "reference setup's constant '1400 MiB of graphs' (issue #6); counted by "
-                               "vLLM's profiler when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default)")
-UNCOUNTED_GRAPHS_DFLASH = Term(int(1.9 * GiB), "reference-numbers.md: DFlash2 path graphs not counted by "
-                                               "vLLM's profiler, ~1.2-1.9 GiB (upper end)")
-HEADROOM_FLOOR = Term(400 * MiB, "reference-numbers.md: ~400 MiB had to stay free after boot or bursts failed")
-ACTIVATION_VARIABILITY = Term(1 * GiB, "reference-numbers.md: the profiled activation peak varied by ~1 GiB "
-                                       "between starts (only matters when GPU_UTIL sizes the pool)")
-WSL2_REDUCTION = Term(GiB // 2, "reference-numbers.md: WSL2 leaves ~0.5 GiB less than bare metal")
-CUDA_CONTEXT = Term(512 * MiB, "estimate (not measured here): CUDA context + cuBLAS/NCCL-free workspaces "
-                               "outside torch's allocator; measure: nvidia-smi used memory of an idle "
-                               "process after torch.cuda.init()")
-
-OVERRIDABLE_TERMS = ("CUDA_GRAPHS", "UNCOUNTED_GRAPHS", "HEADROOM_FLOOR", "ACTIVATION_VARIABILITY",
-                     "CUDA_CONTEXT", "ACTIVATION_PEAK", "DRAFTER_WEIGHTS", "KERNEL_BLOCK_ALIGNMENT")
+# The profile run's activation peak measured on the 3090 reference in batch mode with a warm compile
+# cache: 1.09 GiB at 2048 batched tokens, 64 sequences, no speculation (github.com/syv-ai/qwen38-27b-rtx3090,
+# docs/gotchas.md 16; a cold cache profiles 1.96 GiB once). It holds GDN chunk workspaces and kernel
+# scratch that the model's shapes alone do not show, so other settings scale from it.
+MEASURED_ACTIVATION_PEAK = int(1.09 * GiB)
+MEASURED_AT_BATCHED_TOKENS = 2048
+MEASURED_AT_SEQS, MEASURED_AT_K = 64, 0
 
 
 def activation_peak_estimate(shape_hidden: int, shape_intermediate: int, vocab: int, model_dtype_bytes: int,
                              max_num_batched_tokens: int, max_num_seqs: int, k: int) -> Term:
-    """Profile-run peak of activations (estimate from config shapes; vLLM measures the real one).
+    """The profile run's transient activation peak: the measured 1.09 GiB, moved by what differs.
 
-    A batched step of T tokens holds the MLP's gate_up output (T x 2I) and its activated half (T x I) plus
-    a few hidden-size tensors (residual, normed input, attention output: T x 4H); the sampler holds
-    float32 logits for every position it scores: max_num_seqs x (1 + k) x vocab.
+    Per batched token a step holds the MLP's gate_up output (2I) and its activated half (I) plus a few
+    hidden-size tensors (residual, normed input, attention output: 4H); the sampler holds float32 logits
+    for every position it scores: max_num_seqs x (1 + k) x vocab. The difference of these from the
+    measured setting is added to (or taken from) the measurement.
     """
     per_token = model_dtype_bytes * (3 * shape_intermediate + 4 * shape_hidden)
-    logits = max_num_seqs * (1 + k) * vocab * 4
-    value = max_num_batched_tokens * per_token + logits
-    return Term(value, f"estimate from config: {max_num_batched_tokens} batched tokens x {per_token} B "
-                       f"+ logits {max_num_seqs}x(1+{k})x{vocab}x4 B; vLLM measures it at boot")
+
+    def logits(seqs: int, kk: int) -> int:
+        return seqs * (1 + kk) * vocab * 4
+
+    value = (MEASURED_ACTIVATION_PEAK + (max_num_batched_tokens - MEASURED_AT_BATCHED_TOKENS) * per_token
+             + logits(max_num_seqs, k) - logits(MEASURED_AT_SEQS, MEASURED_AT_K))
+    return Term(max(value, 0), f"1.09 GiB measured on a 3090 at 2048 batched tokens, 64 sequences (3090 reference, "
+                               f"warm cache), moved to {max_num_batched_tokens} tokens x {per_token:,} B and "
+                               f"logits for {max_num_seqs} x (1+{k}); vLLM measures the real one at boot")
 
 
 def default_cudagraph_capture_sizes(max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int,
@@ -242,13 +219,16 @@ def default_cudagraph_capture_sizes(max_num_seqs: int, num_speculative_tokens: i
 
 # --- outputs -----------------------------------------------------------------------------------------
 
-PROMPT_LENGTHS = (128, 4096, 16384)
+# Requests of these total lengths (prompt + output) are shown as "resident at once"; 640 = the batch
+# benchmark's 128 in / 512 out.
+PROMPT_LENGTHS = (640, 4096, 16384)
 
 
 @dataclass(frozen=True)
 class MemoryBudget:
     gpu: GpuFacts
-    knobs: MemoryKnobs
+    inputs: MemoryInputs
+    checkpoint_source: str  # the directory read, or the bundled default's description
     resolved: Mapping[str, object]  # model dtype, state dtype, k, ... as vLLM will see them
     weights: Mapping[str, int]  # body / vision / mtp / drafter / resident
     attn_bytes_per_token_layer: int
@@ -258,18 +238,19 @@ class MemoryBudget:
     terms: Mapping[str, Term]
     pool_bytes: int
     max_model_len: int
-    requested_bytes: int  # GPU_UTIL x total (what vLLM asks for), or the KV_MEM footprint
-    footprint_bytes: int  # everything vLLM holds after boot, incl. uncounted graphs
+    requested_bytes: int  # ceil(total x GPU_UTIL): what the startup check asks for
+    free_at_start_bytes: int  # free when vLLM takes its start snapshot (after its CUDA context)
+    footprint_bytes: int  # what vLLM's process holds after boot, apart from its CUDA context
+    outcome: Outcome = Outcome.FITS
     problems: tuple[str, ...] = ()
     fix_hints: tuple[str, ...] = ()
     largest_fitting_max_len: int = 0
-    largest_note: str = ""  # the other change that MAX_LEN assumes (e.g. " once KV_MEM=...")
+    largest_note: str = ""  # the other change that MAX_LEN assumes (e.g. " once GPU_UTIL=...")
     suggested_kv_mem: int = 0  # largest pool that keeps the headroom floor: what to pin KV_MEM to
 
-    # derived views -------------------------------------------------------------------------------
     @property
     def fits(self) -> bool:
-        return not self.problems
+        return self.outcome is Outcome.FITS
 
     @property
     def num_blocks(self) -> int:
@@ -277,10 +258,15 @@ class MemoryBudget:
 
     @property
     def pool_tokens(self) -> int:
-        """vLLM's 'GPU KV cache size: N tokens' for this MAX_LEN."""
+        """vLLM's log line 'GPU KV cache size: N tokens' for this MAX_LEN."""
         if self.num_blocks == 0:
             return 0
         return self.layout.reported_tokens(self.pool_bytes, self.max_model_len)
+
+    @property
+    def max_concurrency(self) -> float:
+        """vLLM's 'Maximum concurrency for MAX_LEN tokens per request: Nx' (get_kv_cache_capacity)."""
+        return round(self.layout.max_concurrency(self.pool_bytes, self.max_model_len), 2)
 
     @property
     def longest_context(self) -> int:
@@ -288,19 +274,17 @@ class MemoryBudget:
 
     @property
     def resident_requests(self) -> dict[int, int]:
-        return {n: self.layout.resident_requests(self.pool_bytes, n) for n in PROMPT_LENGTHS}
+        """Requests of n tokens whose blocks fit at once, capped by MAX_SEQS (the scheduler's limit)."""
+        cap = self.inputs.max_num_seqs
+        return {n: min(self.layout.resident_requests(self.pool_bytes, n), cap) for n in PROMPT_LENGTHS}
 
     @property
     def headroom_bytes(self) -> int:
-        return self.gpu.free_bytes - self.footprint_bytes
-
-    def raise_if_not_fits(self) -> None:
-        if self.problems:
-            raise MemoryPlanError(self.explain_failure())
+        return self.free_at_start_bytes - self.footprint_bytes
 
     def explain_failure(self) -> str:
-        lines = ["The memory plan does not fit this GPU "
-                 f"({self.gpu.name}: {format_gib(self.gpu.free_bytes)} free of {format_gib(self.gpu.total_bytes)}):"]
+        lines = [f"{self.outcome.value} on this GPU ({self.gpu.name}: {format_gib(self.gpu.free_bytes)} free of "
+                 f"{format_gib(self.gpu.total_bytes)}):"]
         lines += [f"  - {p}" for p in self.problems]
         if self.largest_fitting_max_len:
             lines.append(f"Largest MAX_LEN that fits{self.largest_note or ' with these settings'}: "
@@ -310,13 +294,24 @@ class MemoryBudget:
         lines += [f"Or change: {h}" for h in self.fix_hints]
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """One line: the verdict and the numbers a user acts on."""
+        return (f"{self.outcome.value}: MAX_LEN={self.max_model_len:,}, KV pool {format_gib(self.pool_bytes)} = "
+                f"{self.pool_tokens:,} tokens, max concurrency {self.max_concurrency}x at full length, "
+                f"{format_gib(self.headroom_bytes)} free after boot")
+
     def to_dict(self) -> dict:
+        i = self.inputs
         return {
+            "outcome": self.outcome.value,
             "fits": self.fits,
+            "exit_code": self.outcome.exit_code,
             "problems": list(self.problems),
             "fix_hints": list(self.fix_hints),
             "gpu": asdict(self.gpu),
-            "knobs": asdict(self.knobs),
+            "checkpoint": self.checkpoint_source,
+            "inputs": {**{k: v for k, v in asdict(i).items() if k not in ("model_dir", "draft_dir", "terms")},
+                       "model_dir": str(i.model_dir), "draft_dir": str(i.draft_dir) if i.draft_dir else None},
             "resolved": dict(self.resolved),
             "weights_bytes": dict(self.weights),
             "kv": {
@@ -330,8 +325,6 @@ class MemoryBudget:
                             "block_size": g.spec.block_size} for g in self.layout.groups],
                 "bytes_per_block": self.layout.bytes_per_block,
                 "state_pages_per_request_per_group": self.layout.state_blocks_per_group,
-                # What one request costs in the pool: its GDN state blocks (all groups) and, per token,
-                # one block's bytes spread over the block's tokens.
                 "state_bytes_per_request": self.layout.blocks_per_request(0) * self.layout.bytes_per_block,
                 "pool_bytes_per_token": self.layout.bytes_per_block / self.layout.attention_block_size,
             },
@@ -340,9 +333,11 @@ class MemoryBudget:
             "num_blocks": self.num_blocks,
             "max_model_len": self.max_model_len,
             "pool_tokens": self.pool_tokens,
+            "max_concurrency": self.max_concurrency,
             "longest_context": self.longest_context,
             "resident_requests": {str(k): v for k, v in self.resident_requests.items()},
             "requested_bytes": self.requested_bytes,
+            "free_at_start_bytes": self.free_at_start_bytes,
             "footprint_bytes": self.footprint_bytes,
             "headroom_bytes": self.headroom_bytes,
             "largest_fitting_max_len": self.largest_fitting_max_len,
@@ -357,14 +352,10 @@ def format_gib(n: int) -> str:
 
 # --- the plan ----------------------------------------------------------------------------------------
 
-DEFAULT_GPU_UTIL = 0.9  # vLLM 0.32.0 CacheConfig.gpu_memory_utilization default
-
-
 def _resolve_dtype(model_dtype: str, checkpoint_dtype: str) -> str:
     if model_dtype != "auto":
         return model_dtype
-    # vLLM keeps float32 checkpoints at bfloat16-or-float16 on GPU only when asked; --dtype auto on a
-    # float32 checkpoint gives bfloat16 on CUDA (config/model.py _resolve_auto_dtype). Others pass through.
+    # --dtype auto on a float32 checkpoint gives bfloat16 on CUDA (config/model.py _resolve_auto_dtype).
     return "bfloat16" if checkpoint_dtype in ("float32", "float") else checkpoint_dtype
 
 
@@ -376,13 +367,19 @@ def _resolve_state_dtype(state_dtype: str, config_default: str | None, model_dty
     return config_default or model_dtype
 
 
-def _term(overrides: Mapping[str, int], name: str, default: Term) -> Term:
-    if name in overrides:
-        return Term(int(overrides[name]), "user override")
-    return default
+@dataclass(frozen=True)
+class LayoutKnobs:
+    """What the pool's structure depends on (a subset of MemoryInputs; the allocator tests build it)."""
+
+    kv_cache_dtype: str
+    state_dtype: str = "auto"
+    model_dtype: str = "auto"
+    spec_method: str = "none"
+    num_speculative_tokens: int = 0
+    prefix_caching: bool = True
 
 
-def build_layout(checkpoint: Checkpoint, knobs: MemoryKnobs, *, drafter: DrafterAttention | None = None,
+def build_layout(checkpoint: Checkpoint, knobs: LayoutKnobs, *, drafter: DrafterAttention | None = None,
                  kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT) -> tuple[PoolLayout, dict]:
     """The pool layout for these knobs (no GPU needed): what the integration tests compare with vLLM."""
     s = checkpoint.shape
@@ -418,201 +415,197 @@ def build_layout(checkpoint: Checkpoint, knobs: MemoryKnobs, *, drafter: Drafter
     return layout, info
 
 
-def plan_memory(model_dir: str | Path, knobs: Mapping[str, object] | MemoryKnobs, gpu: GpuFacts,
-                overrides: Mapping[str, int] | None = None, *, checkpoint: Checkpoint | None = None) -> MemoryBudget:
-    """Plan the card: weights, non-pool terms, KV pool, headroom; problems listed when it does not fit.
+def load_planning_checkpoint(model_dir: Path) -> tuple[Checkpoint, str]:
+    """The checkpoint at model_dir; when that directory does not exist and it is the default model, the
+    bundled shapes (so a fresh checkout can plan before downloading). A directory that exists but is
+    broken is an error, never silently replaced."""
+    from hyperqwen.memory.bundled import BUNDLED_MODEL, load_bundled_checkpoint
 
-    knobs: a MemoryKnobs, or a mapping with CONTRACT.md knob names (see MemoryKnobs.from_knobs).
-    overrides: replace a measured/estimated term by name (OVERRIDABLE_TERMS), in bytes.
+    if not model_dir.exists() and model_dir.name == BUNDLED_MODEL:
+        return load_bundled_checkpoint(), (f"bundled shapes of the prepared {BUNDLED_MODEL} (no checkpoint at "
+                                           f"{model_dir} yet; point MODEL/--model-dir at one to use its headers)")
+    return load_checkpoint(model_dir), str(model_dir)
+
+
+def plan_memory(settings: Settings, gpu: GpuFacts, *, model_dir: Path | None = None,
+                terms: Mapping[str, int] | None = None, max_len: int | None = None,
+                checkpoint: Checkpoint | None = None) -> MemoryBudget:
+    """Plan the card for these settings: weights, non-pool terms, KV pool, headroom, and the verdict.
+
+    max_len: the context length to check (None: what the settings give). terms: replace a measured term
+    by knob name (TERM_KNOBS) or an EXTRA_TERMS entry, in bytes. checkpoint: an already-loaded one (tests).
     """
-    k = knobs if isinstance(knobs, MemoryKnobs) else MemoryKnobs.from_knobs(knobs)
-    ov = dict(overrides or {})
-    ckpt = checkpoint or load_checkpoint(Path(model_dir))
+    return plan_inputs(MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms),
+                       gpu, checkpoint=checkpoint)
+
+
+def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None = None) -> MemoryBudget:
+    if checkpoint is not None:
+        ckpt, ckpt_source = checkpoint, "given checkpoint"
+    else:
+        ckpt, ckpt_source = load_planning_checkpoint(i.model_dir)
     s = ckpt.shape
 
     drafter = None
     drafter_weights = 0
-    if k.spec_method == "dflash2":
-        if not k.draft_dir:
+    model_dtype = _resolve_dtype(i.model_dtype, s.torch_dtype)
+    mdb = DTYPE_BYTES[model_dtype]
+    if i.spec_method == "dflash2":
+        if i.draft_dir is None:
             raise MemoryPlanError("SPEC=dflash2 needs DRAFT (the drafter directory) for its layers and weights")
-        dd = Path(k.draft_dir)
-        if not dd.is_absolute():
-            dd = Path(model_dir).parent / dd
-        drafter = drafter_attention_from_config(read_config(dd), str(dd / "config.json"))
-        if "DRAFTER_WEIGHTS" not in ov:
-            mdt = DTYPE_BYTES[_resolve_dtype(k.model_dtype, s.torch_dtype)]
-            drafter_weights = weight_bytes(read_checkpoint_tensors(dd), mdt).resident(
+        drafter = drafter_attention_from_config(read_config(i.draft_dir), str(i.draft_dir / "config.json"))
+        if i.term("DRAFTER_WEIGHTS") is None:
+            drafter_weights = weight_bytes(read_checkpoint_tensors(i.draft_dir), mdb).resident(
                 language_model_only=True, with_mtp=False)
 
-    kba = int(ov.get("KERNEL_BLOCK_ALIGNMENT", DEFAULT_KERNEL_BLOCK_ALIGNMENT))
-    layout, info = build_layout(ckpt, k, drafter=drafter, kernel_block_alignment=kba)
-    mdb = DTYPE_BYTES[info["model_dtype"]]
+    kba = i.term("KERNEL_BLOCK_ALIGNMENT") or DEFAULT_KERNEL_BLOCK_ALIGNMENT
+    lk = LayoutKnobs(i.kv_cache_dtype, i.state_dtype, i.model_dtype, i.spec_method, i.num_speculative_tokens,
+                     i.prefix_caching)
+    layout, info = build_layout(ckpt, lk, drafter=drafter, kernel_block_alignment=kba)
     w = ckpt.weights(mdb)
-    with_mtp = k.spec_method == "mtp"
-    drafter_term = _term(ov, "DRAFTER_WEIGHTS", Term(w.mtp if with_mtp else drafter_weights,
-                                                     "mtp.* tensor headers" if with_mtp else
-                                                     ("drafter safetensors headers" if drafter else "no drafter")))
-    resident = w.resident(language_model_only=k.language_model_only, with_mtp=False) + drafter_term.value
+    with_mtp = i.spec_method == "mtp"
+    k = i.num_speculative_tokens
+
+    def term(name: str, fallback: Term) -> Term:
+        """A term from its knob: the default carries its measurement (knobs.py details), a set value says so."""
+        value = i.term(name)
+        if value is None:
+            return fallback
+        knob = KNOBS_BY_NAME.get(name)
+        if knob is not None and knob.default == value:
+            return Term(value, " ".join(knob.details) or knob.doc)
+        return Term(value, f"{name}={value:,} B (set)")
+
+    drafter_term = term("DRAFTER_WEIGHTS", Term(w.mtp if with_mtp else drafter_weights,
+                                                "mtp.* tensor headers" if with_mtp else
+                                                ("drafter safetensors headers" if drafter else "no drafter")))
+    weights = term("WEIGHTS", Term(w.resident(language_model_only=i.language_model_only, with_mtp=False)
+                                   + drafter_term.value, f"safetensors headers ({ckpt_source})"))
+    resident = weights.value
     # MTP: the drafter first builds its own embed_tokens and lm_head in the model dtype, then swaps in the
     # target's (vLLM log 'Sharing target model ... weights with the draft model'): a load-time transient.
-    load_transient = 2 * s.vocab_size * s.hidden_size * mdb if with_mtp else 0
+    load_transient = Term(2 * s.vocab_size * s.hidden_size * mdb if with_mtp else 0,
+                          "MTP drafter's own embed_tokens + lm_head before it shares the target's")
+    context = term("CUDA_CONTEXT", Term(0, "CUDA_CONTEXT"))
+    act = term("ACTIVATION_PEAK", activation_peak_estimate(
+        s.hidden_size, s.intermediate_size, s.vocab_size, mdb, i.max_num_batched_tokens, i.max_num_seqs, k))
+    graphs = term("CUDA_GRAPHS", Term(0, "CUDA_GRAPHS"))
+    uncounted = term("UNCOUNTED_GRAPHS", Term(int(1.9 * GiB), "DFlash2 drafter graphs vLLM's profiler does not "
+                                                              "count: 1.2-1.9 GiB on the 3090 reference (upper end)")
+                     if i.spec_method == "dflash2" else Term(0, "vLLM's profiler counts the graphs of this path"))
+    pinned = i.kv_cache_memory_bytes is not None
+    if pinned:
+        margin = Term(0, "pool pinned by KV_MEM: not sized from a profile, no margin")
+    elif i.spec_method == "dflash2":
+        margin = term("PROFILE_MARGIN", Term(GiB, "SPEC=dflash2: its runner's profiled peak varied by ~1 GiB "
+                                                  "between starts on the 3090 reference"))
+    else:
+        margin = term("PROFILE_MARGIN", Term(64 * MiB, "warm starts of one configuration gave pools within 0.4% "
+                                                       "(~30 MiB) on the 3090 reference; a cold compile cache "
+                                                       "profiles ~0.87 GiB more once (pin KV_MEM against it)"))
+    floor = term("HEADROOM_FLOOR", Term(0, "HEADROOM_FLOOR"))
+    # 1-2. Context, then the startup check (request_memory).
+    free_at_start = max(gpu.free_bytes - context.value, 0)
+    util = i.gpu_memory_utilization
+    requested = math.ceil(gpu.total_bytes * util)
+    # 4-6. Profile, graphs, pool.
+    counted = resident + act.value + graphs.value
+    pool = i.kv_cache_memory_bytes if pinned else max(requested - counted, 0)  # type: ignore[assignment]
+    # 8. After boot: the process holds the weights, the cached activation peak, the graphs and the pool.
+    footprint = counted + uncounted.value + pool
 
-    capture = default_cudagraph_capture_sizes(k.max_num_seqs, k.num_speculative_tokens, k.max_num_batched_tokens)
-    graphs = _term(ov, "CUDA_GRAPHS", replace(CUDA_GRAPHS, source=CUDA_GRAPHS.source + (
-        f"; vLLM captures {len(capture)} sizes up to {capture[-1]} tokens for these knobs (more sizes, "
-        "larger k or MAX_SEQS: more graph memory, measure it)")))
-    uncounted = _term(ov, "UNCOUNTED_GRAPHS", UNCOUNTED_GRAPHS_DFLASH if k.spec_method == "dflash2"
-                      else Term(0, "vLLM's profiler counts the graphs of this path"))
-    context = _term(ov, "CUDA_CONTEXT", CUDA_CONTEXT)
-    floor = _term(ov, "HEADROOM_FLOOR", HEADROOM_FLOOR)
-    act = (Term(int(ov["ACTIVATION_PEAK"]), "user override") if "ACTIVATION_PEAK" in ov else
-           activation_peak_estimate(s.hidden_size, s.intermediate_size, s.vocab_size, mdb,
-                                    k.max_num_batched_tokens, k.max_num_seqs, k.num_speculative_tokens))
-    variability = (_term(ov, "ACTIVATION_VARIABILITY", ACTIVATION_VARIABILITY)
-                   if k.kv_cache_memory_bytes is None else Term(0, "pool pinned by KV_MEM: not profiled"))
-    terms = {"weights": Term(resident, "safetensors headers"), "drafter_weights": drafter_term,
-             "cuda_context": context, "activation_peak": act, "cuda_graphs": graphs,
-             "uncounted_graphs": uncounted, "activation_variability": variability, "headroom_floor": floor,
-             "load_transient": Term(load_transient, "MTP drafter's own embed_tokens + lm_head before sharing")}
-
-    non_pool = resident + context.value + act.value + graphs.value + uncounted.value
     problems: list[str] = []
     hints: list[str] = []
-    if k.kv_cache_memory_bytes is not None:
-        pool = k.kv_cache_memory_bytes
-        requested = non_pool + pool
-    else:
-        util = k.gpu_memory_utilization if k.gpu_memory_utilization is not None else DEFAULT_GPU_UTIL
-        requested = math.ceil(gpu.total_bytes * util)
-        # gpu_worker.determine_available_memory: requested - (weights + peak + non-torch) - graph estimate.
-        pool = max(requested - (non_pool - uncounted.value), 0)
-        if requested > gpu.free_bytes:
-            problems.append(f"GPU_UTIL={util} asks vLLM for {format_gib(requested)} but only "
-                            f"{format_gib(gpu.free_bytes)} is free; vLLM refuses to start")
-    footprint = non_pool + pool
+    refuse = False
+    fit_util = fraction_that_fits(max(free_at_start - floor.value - uncounted.value, 0), gpu.total_bytes)
+    if free_at_start < requested:
+        refuse = True
+        what = f"GPU_UTIL={util}" if not pinned else f"the startup check (GPU_UTIL={util}, applied with KV_MEM too)"
+        problems.append(f"{what} asks for {format_gib(requested)} but only {format_gib(free_at_start)} is free "
+                        f"once vLLM's CUDA context ({format_gib(context.value)}) exists: vLLM refuses to start "
+                        "('Free memory on device ... is less than desired GPU memory utilization')")
+        hints.append(f"GPU_UTIL={min(fit_util, 0.99)} (the largest the startup check accepts with the headroom floor)")
+    if resident + load_transient.value > free_at_start:
+        refuse = True
+        problems.append(f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient.value)}) "
+                        f"do not fit in the {format_gib(free_at_start)} free after the CUDA context: loading fails")
+    if not pinned and pool <= 0:
+        refuse = True
+        problems.append(f"GPU_UTIL={util} leaves no KV pool: {format_gib(requested)} requested, "
+                        f"{format_gib(counted)} for weights, activations and graphs")
 
-    if resident + load_transient + context.value > gpu.free_bytes:
-        problems.append(f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient)}) + CUDA "
-                        f"context do not fit in {format_gib(gpu.free_bytes)} free")
-
-    # A worse profile run at a later boot shrinks a GPU_UTIL-sized pool by up to `variability`; MAX_LEN
-    # must still fit then, so fit checks use the smaller pool.
-    check_pool = max(pool - variability.value, 0)
-    # MAX_LEN: chosen when unset (largest that fits, capped by the model's max_position_embeddings).
-    longest = layout.longest_request(check_pool)
-    largest = min(longest, s.max_position_embeddings)
-    max_len = k.max_model_len if k.max_model_len is not None else largest
-    if max_len <= 0:
-        margin = f" after the {format_gib(variability.value)} activation-variability margin" if variability.value else ""
-        problems.append(f"the KV pool ({format_gib(check_pool)}{margin}) cannot hold even one token of one "
-                        f"request (one block is {layout.bytes_per_block} B and a request needs "
-                        f"{layout.blocks_per_request(1)} blocks)")
-        hints.append("KV=fp8 or a smaller model footprint (VISION=0, SPEC=none), or a larger GPU_UTIL")
-        max_len = 1
-    elif not layout.fits_one_request(check_pool, max_len):
+    # 7. Boot check with the pool a worse profile run could give (GPU_UTIL mode): pool - PROFILE_MARGIN.
+    check_pool = max(pool - margin.value, 0)
+    max_len = i.max_model_len
+    short = False
+    if not layout.fits_one_request(check_pool, max_len):
+        short = True
         need = layout.pool_bytes_for(max_len)
         problems.append(f"one MAX_LEN={max_len} request needs {layout.blocks_per_request(max_len)} blocks "
                         f"({format_gib(need)} of KV pool incl. the null block) but the pool is "
                         f"{format_gib(check_pool)} ({layout.usable_blocks(check_pool)} usable blocks"
-                        + (", after the activation-variability margin" if variability.value else "")
-                        + "); vLLM refuses to start")
+                        + (f", after the {format_gib(margin.value)} PROFILE_MARGIN" if margin.value else "")
+                        + "): vLLM refuses to start ('To serve at least one request ... max_model_len')")
         if info["state_dtype"] == "float32":
             hints.append("STATE_DTYPE=float16 (halves the GDN state page)")
-        if k.kv_cache_dtype in ("auto", "bfloat16", "float16"):
+        if i.kv_cache_dtype in ("auto", "bfloat16", "float16"):
             hints.append("KV=fp8 (halves KV bytes per token)")
-        if k.num_speculative_tokens > 1:
+        if k > 1:
             hints.append("fewer DRAFT_TOKENS/DFLASH_TOKENS (each adds a GDN state page per request)")
-        pinned = max(gpu.free_bytes - floor.value - non_pool, 0)
-        if k.kv_cache_memory_bytes is None and layout.longest_request(pinned) > layout.longest_request(check_pool):
-            hints.append(f"KV_MEM={pinned} (pins the pool, no profiling margin: MAX_LEN up to "
-                         f"{min(layout.longest_request(pinned), s.max_position_embeddings)})")
-    headroom = gpu.free_bytes - footprint
-    # The largest pool every constraint allows: footprint + floor <= free (in GPU_UTIL mode this also
-    # keeps GPU_UTIL x total <= free, since the requested memory is part of the footprint).
-    safe_pool = max(gpu.free_bytes - floor.value - non_pool, 0)
-    if k.kv_cache_memory_bytes is None:
-        fit_util = math.floor((gpu.free_bytes - floor.value - uncounted.value) / gpu.total_bytes * 1000) / 1000
-    if headroom < floor.value:
+    headroom = free_at_start - footprint
+    safe_pool = max(free_at_start - floor.value - counted - uncounted.value, 0)
+    full = headroom < floor.value
+    if full:
         problems.append(f"after boot only {format_gib(headroom)} would stay free, below the "
-                        f"{format_gib(floor.value)} headroom floor ({floor.source})")
-        if k.kv_cache_memory_bytes is not None:
-            hints.append(f"KV_MEM={safe_pool} (largest pool that keeps the headroom floor)")
-        else:
-            hints.append(f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}")
-    weights_problem = resident + load_transient + context.value > gpu.free_bytes
-    fit_check_pool = min(check_pool, max(safe_pool - variability.value, 0))
-    largest_fit = 0 if weights_problem else min(layout.longest_request(fit_check_pool), s.max_position_embeddings)
-    largest_note = ""
-    if fit_check_pool < check_pool and largest_fit:
-        largest_note = (f" once KV_MEM={safe_pool}" if k.kv_cache_memory_bytes is not None
-                        else f" once GPU_UTIL={fit_util}")
+                        f"{format_gib(floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory")
+        hints.append(f"KV_MEM={safe_pool} (largest pool that keeps the floor)" if pinned else
+                     f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}")
 
-    resolved = {**{kk: v for kk, v in info.items() if kk not in ("gdn_page",)},
-                "kv_cache_dtype": k.kv_cache_dtype, "language_model_only": k.language_model_only}
+    fit_check_pool = min(check_pool, max(safe_pool - margin.value, 0))
+    weights_fail = resident + load_transient.value > free_at_start
+    largest = 0 if weights_fail else min(layout.longest_request(fit_check_pool), s.max_position_embeddings)
+    note = ""
+    if largest and fit_check_pool < check_pool:
+        note = f" once KV_MEM={safe_pool}" if pinned else f" once GPU_UTIL={fit_util}"
+    if short and largest == 0:
+        refuse = True
+
+    if refuse:
+        outcome = Outcome.REFUSES_BOOT
+    elif short:
+        outcome = Outcome.SHORTER
+    elif full:
+        outcome = Outcome.CARD_FULL
+    else:
+        outcome = Outcome.FITS
+
+    resolved = {**{kk: v for kk, v in info.items() if kk != "gdn_page"},
+                "kv_cache_dtype": i.kv_cache_dtype, "language_model_only": i.language_model_only}
     kv_all = info["attn"] * (s.num_full_attention_layers + info["mtp_layers"]) + \
         info["drafter_bpt"] * info["drafter_layers"]
     page = info["gdn_page"]
+    terms_out = {"weights": weights, "drafter_weights": drafter_term, "load_transient": load_transient,
+                 "cuda_context": context, "activation_peak": act, "cuda_graphs": graphs,
+                 "uncounted_graphs": uncounted, "profile_margin": margin, "headroom_floor": floor}
     return MemoryBudget(
-        gpu=gpu, knobs=k, resolved=resolved,
+        gpu=gpu, inputs=i, checkpoint_source=ckpt_source, resolved=resolved,
         weights={"body": w.body, "vision": w.vision, "mtp": w.mtp, "drafter": drafter_term.value,
                  "resident": resident},
         attn_bytes_per_token_layer=info["attn"], kv_bytes_per_token=kv_all,
         gdn_page={"conv_bytes": page.conv_bytes, "ssm_bytes": page.ssm_bytes, "bytes": page.bytes},
-        layout=layout, terms=terms, pool_bytes=pool, max_model_len=max_len, requested_bytes=requested,
-        footprint_bytes=footprint, problems=tuple(problems), fix_hints=tuple(dict.fromkeys(hints)),
-        largest_fitting_max_len=largest_fit, largest_note=largest_note, suggested_kv_mem=safe_pool)
+        layout=layout, terms=terms_out, pool_bytes=pool, max_model_len=max_len, requested_bytes=requested,
+        free_at_start_bytes=free_at_start, footprint_bytes=footprint, outcome=outcome,
+        problems=tuple(problems), fix_hints=tuple(dict.fromkeys(hints)), largest_fitting_max_len=largest,
+        largest_note=note, suggested_kv_mem=safe_pool)
 
 
-def largest_max_len_that_fits(model_dir: str | Path, knobs: Mapping[str, object] | MemoryKnobs, gpu: GpuFacts,
-                              overrides: Mapping[str, int] | None = None) -> int:
-    """The largest MAX_LEN a plan with these knobs fits (0: none), with the headroom floor kept."""
-    k = knobs if isinstance(knobs, MemoryKnobs) else MemoryKnobs.from_knobs(knobs)
-    return plan_memory(model_dir, replace(k, max_model_len=None), gpu, overrides).largest_fitting_max_len
-
-
-# --- GPU facts ---------------------------------------------------------------------------------------
-
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": MiB, "MB": MiB, "MIB": MiB,
-          "G": GiB, "GB": GiB, "GIB": GiB, "T": 1024 * GiB, "TB": 1024 * GiB, "TIB": 1024 * GiB}
-
-
-def parse_size(text: str, what: str = "size") -> int:
-    """'24GiB', '24GB', '5583457484', '512MiB' -> bytes. GPU makers' 'GB' means GiB (a '24 GB' card has
-    24,576 MiB), so GB and GiB are read the same."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise MemoryPlanError(f"{what}={text!r} is not a size; use e.g. 24GiB, 512MiB or a byte count")
-    unit = (m.group(2) or "").upper()
-    return int(float(m.group(1)) * _UNITS[unit])
-
-
-def read_gpu_facts(device_index: int = 0) -> GpuFacts | None:
-    """Total and free memory of GPU device_index via nvidia-smi, else torch.cuda; None when neither works."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, f"--id={device_index}", "--query-gpu=memory.total,memory.free,name",
-                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
-                                 check=True).stdout.strip().splitlines()
-            total_mib, free_mib, name = (x.strip() for x in out[0].split(",", 2))
-            return GpuFacts(int(total_mib) * MiB, int(free_mib) * MiB, name, "nvidia-smi")
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            pass
-    try:
-        import torch  # deferred: importing torch costs seconds and is not needed for planning
-    except ImportError:
-        return None
-    try:
-        if not torch.cuda.is_available():
-            return None
-        free, total = torch.cuda.mem_get_info(device_index)
-        return GpuFacts(int(total), int(free), torch.cuda.get_device_name(device_index), "torch.cuda.mem_get_info")
-    except Exception:  # noqa: BLE001 - a broken driver means "no facts", not a crash of the planner
-        return None
+def largest_max_len_that_fits(settings: Settings, gpu: GpuFacts, **kwargs: object) -> int:
+    """The largest MAX_LEN these settings fit on this card (0: none), with the headroom floor kept."""
+    return plan_memory(settings, gpu, **kwargs).largest_fitting_max_len  # type: ignore[arg-type]
 
 
 __all__ = [
-    "CheckpointError", "GpuFacts", "MemoryBudget", "MemoryKnobs", "MemoryPlanError", "Term", "build_layout",
-    "default_cudagraph_capture_sizes", "largest_max_len_that_fits", "parse_size", "plan_memory", "read_gpu_facts",
+    "CheckpointError", "GpuFacts", "LayoutKnobs", "MemoryBudget", "MemoryInputs", "MemoryPlanError", "Outcome",
+    "Term", "build_layout", "default_cudagraph_capture_sizes", "largest_max_len_that_fits", "plan_inputs",
+    "plan_memory",
 ]

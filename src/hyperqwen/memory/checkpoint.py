@@ -8,23 +8,15 @@ a directory that holds only headers (the test fixtures).
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# Bytes per element of the safetensors dtype codes (safetensors format spec).
-SAFETENSORS_DTYPE_BYTES: Mapping[str, int] = {
-    "F64": 8, "I64": 8, "U64": 8,
-    "F32": 4, "I32": 4, "U32": 4,
-    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
-}
-FLOAT_CODES = frozenset({"F64", "F32", "F16", "BF16"})
+from hyperqwen.formats.safetensors import DTYPE_SIZES, SafetensorsError, TensorInfo, read_header
 
-# Largest header we accept: real headers of a 27B checkpoint are ~1-3 MB; a bigger number means the
-# file is not safetensors (or is corrupt) and we must not try to allocate it.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+# Bytes per element of the safetensors dtype codes (the one table, in formats/safetensors.py).
+SAFETENSORS_DTYPE_BYTES: Mapping[str, int] = DTYPE_SIZES
+FLOAT_CODES = frozenset({"F64", "F32", "F16", "BF16"})
 
 # Parameters vLLM allocates in float32 whatever --dtype says (so they stay 4 bytes per element).
 # Source: vllm 0.32.0 model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py (A_log, dtype=torch.float32).
@@ -37,54 +29,13 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing or malformed; the message names the file and field."""
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def stored_bytes(self) -> int:
-        return self.numel * SAFETENSORS_DTYPE_BYTES[self.dtype]
-
-
 def read_safetensors_header(path: Path) -> list[TensorInfo]:
-    """Tensor names, dtypes and shapes from one .safetensors file, reading only its header."""
+    """Tensor names, dtypes and shapes from one .safetensors file, reading only its header (data may be absent:
+    the planner's fixtures hold headers only)."""
     try:
-        with open(path, "rb") as f:
-            raw_len = f.read(8)
-            if len(raw_len) != 8:
-                raise CheckpointError(f"{path}: shorter than the 8-byte safetensors header length")
-            (header_len,) = struct.unpack("<Q", raw_len)
-            if header_len > MAX_HEADER_BYTES:
-                raise CheckpointError(f"{path}: header length {header_len} B is not plausible "
-                                      f"(limit {MAX_HEADER_BYTES} B); is this a safetensors file?")
-            header_bytes = f.read(header_len)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read safetensors header: {exc}") from exc
-    if len(header_bytes) != header_len:
-        raise CheckpointError(f"{path}: header says {header_len} B but the file ends after {len(header_bytes)} B")
-    try:
-        header = json.loads(header_bytes)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: header is not JSON: {exc}") from exc
-    tensors = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = entry.get("dtype")
-        if dtype not in SAFETENSORS_DTYPE_BYTES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}; "
-                                  f"known: {', '.join(sorted(SAFETENSORS_DTYPE_BYTES))}")
-        tensors.append(TensorInfo(name, dtype, tuple(int(d) for d in entry.get("shape", []))))
-    return tensors
+        return list(read_header(path, check_data=False).tensors.values())
+    except SafetensorsError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def read_checkpoint_tensors(model_dir: Path) -> list[TensorInfo]:

@@ -1,4 +1,9 @@
-"""`hyperqwen plan`: print the memory budget for a card before anything is loaded."""
+"""`hyperqwen plan`: the GPU memory budget for a card, before anything is loaded or downloaded.
+
+Exit codes: 0 fits; 3 fits only with a shorter context; 4 vLLM would refuse to boot; 5 the card would be
+full after boot; 2 bad input (one line, no traceback). 1 is never used on purpose: Python exits 1 on an
+uncaught error, which must not read as a verdict.
+"""
 
 from __future__ import annotations
 
@@ -8,59 +13,51 @@ import os
 import sys
 from pathlib import Path
 
-from hyperqwen.memory.budget import (
-    OVERRIDABLE_TERMS,
-    GpuFacts,
-    MemoryBudget,
-    MemoryPlanError,
-    format_gib,
-    parse_size,
-    plan_memory,
-)
-from hyperqwen.config.knobs import MODES
+from hyperqwen.config.load import add_settings_arguments, parse_overrides, settings_from_args
+from hyperqwen.config.settings import SettingsError
+from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, Outcome, format_gib, plan_memory
 from hyperqwen.memory.checkpoint import CheckpointError
+from hyperqwen.memory.gpu import CARDS, GpuError, parse_gpu
 
-def resolve_knobs(mode: str, sets: dict[str, str], environ: dict[str, str]
-                  ) -> tuple[dict[str, object], dict[str, int], Path]:
-    """Knobs through the one settings schema (defaults < mode profile < environment < --set), plus the
-    measured-term overrides. Returns (planner knobs, term overrides, model directory)."""
-    from hyperqwen.launch.budget import memory_knobs
-    from hyperqwen.config.settings import SettingsError, resolve_settings
-
-    overrides: dict[str, int] = {}
-    knob_sets: dict[str, str] = {}
-    for key, value in sets.items():
-        if key in OVERRIDABLE_TERMS:
-            overrides[key] = parse_size(value, key) if key != "KERNEL_BLOCK_ALIGNMENT" else int(value)
-        else:
-            knob_sets[key] = value
-    try:
-        settings = resolve_settings(environ, mode=mode, overrides=knob_sets)
-    except SettingsError as exc:
-        errors = "; ".join(p.message for p in exc.problems if p.severity == "error")
-        raise MemoryPlanError(f"{errors} (measured terms for --set: {', '.join(OVERRIDABLE_TERMS)})") from None
-    return memory_knobs(settings), overrides, settings.model_path
+EXIT_BAD_INPUT = 2
 
 
 def render_table(b: MemoryBudget) -> str:
     def row(label: str, value: str, note: str = "") -> str:
         return f"  {label:<34} {value:>16}  {note}"
 
-    mib = lambda n: f"{n / 2**20:,.0f} MiB"  # noqa: E731
-    k, r, lay = b.knobs, b.resolved, b.layout
-    lines = [f"Memory plan: {b.gpu.name} ({b.gpu.source}): total {format_gib(b.gpu.total_bytes)}, "
-             f"free {format_gib(b.gpu.free_bytes)}",
-             f"  KV {k.kv_cache_dtype}, GDN state {r['state_dtype']}, SPEC {k.spec_method} k={k.num_speculative_tokens}, "
-             f"prefix caching {'on' if k.prefix_caching else 'off'} (mamba mode {r['mamba_cache_mode']}), "
-             f"MAX_SEQS {k.max_num_seqs}", "", "Weights and non-pool terms:"]
-    lines.append(row("weights resident", mib(b.weights["resident"]),
-                     f"body {mib(b.weights['body'])}, vision "
-                     f"{'skipped' if k.language_model_only else mib(b.weights['vision'])}"))
-    for name, t in b.terms.items():
-        if name == "weights":
-            continue
-        lines.append(row(name, mib(t.value), t.source))
-    lines += ["", "KV cache:"]
+    def mib(n: int) -> str:
+        return f"{n / 2**20:,.0f} MiB"
+
+    i, r, lay = b.inputs, b.resolved, b.layout
+    lines = [f"Memory plan: {b.gpu.name} (total {format_gib(b.gpu.total_bytes)}, free {format_gib(b.gpu.free_bytes)}; "
+             f"{b.gpu.source})",
+             f"  checkpoint: {b.checkpoint_source}",
+             f"  KV {i.kv_cache_dtype}, GDN state {r['state_dtype']}, SPEC {i.spec_method} "
+             f"k={i.num_speculative_tokens}, prefix caching {'on' if i.prefix_caching else 'off'} "
+             f"(mamba mode {r['mamba_cache_mode']}), MAX_SEQS {i.max_num_seqs}, MAX_BATCHED_TOKENS "
+             f"{i.max_num_batched_tokens}, " + (f"KV_MEM {i.kv_cache_memory_bytes:,} B" if i.kv_cache_memory_bytes
+                                                 else f"GPU_UTIL {i.gpu_memory_utilization}"),
+             "", "vLLM's start, in order:"]
+    t = b.terms
+    lines.append(row("1. CUDA context", mib(t["cuda_context"].value), t["cuda_context"].source))
+    lines.append(row("   free at vLLM's start snapshot", format_gib(b.free_at_start_bytes)))
+    lines.append(row("2. startup check: requested", format_gib(b.requested_bytes),
+                     f"ceil(total x {i.gpu_memory_utilization}) must be <= free at start"))
+    lines.append(row("3. weights", mib(t["weights"].value),
+                     f"incl. drafter {mib(t['drafter_weights'].value)}; vision "
+                     f"{'skipped' if i.language_model_only else 'loaded'}; {t['weights'].source}"))
+    if t["load_transient"].value:
+        lines.append(row("   load transient", mib(t["load_transient"].value), t["load_transient"].source))
+    lines.append(row("4. activation peak (profile)", mib(t["activation_peak"].value), t["activation_peak"].source))
+    lines.append(row("5. CUDA graphs + non-torch", mib(t["cuda_graphs"].value), t["cuda_graphs"].source))
+    if t["uncounted_graphs"].value:
+        lines.append(row("   graphs vLLM does not count", mib(t["uncounted_graphs"].value), t["uncounted_graphs"].source))
+    lines.append(row("6. KV pool", f"{b.pool_bytes:,} B", f"{format_gib(b.pool_bytes)}, {b.num_blocks} blocks"))
+    lines.append(row("7. boot check margin", mib(t["profile_margin"].value), t["profile_margin"].source))
+    lines.append(row("8. free after boot", format_gib(b.headroom_bytes),
+                     f"floor {mib(t['headroom_floor'].value)}: {t['headroom_floor'].source}"))
+    lines += ["", "KV cache (vLLM 0.32.0 arithmetic):"]
     lines.append(row("KV bytes / token / attn layer", f"{b.attn_bytes_per_token_layer:,} B"))
     lines.append(row("KV bytes / token (all layers)", f"{b.kv_bytes_per_token:,} B"))
     lines.append(row("GDN state page (conv + SSM)", f"{b.gdn_page['bytes']:,} B",
@@ -70,59 +67,66 @@ def render_table(b: MemoryBudget) -> str:
     lines.append(row("groups", " + ".join(f"{g.num_layers}{g.spec.kind[0]}" for g in lay.groups),
                      f"bytes per block {lay.bytes_per_block:,}"))
     lines.append(row("state pages / request / group", str(lay.state_blocks_per_group)))
-    lines.append(row("KV pool", f"{b.pool_bytes:,} B", f"{format_gib(b.pool_bytes)}, {b.num_blocks} blocks"))
     lines += ["", "Result:"]
-    lines.append(row("MAX_LEN", f"{b.max_model_len:,}", "(chosen)" if k.max_model_len is None else ""))
+    lines.append(row("MAX_LEN", f"{b.max_model_len:,}"))
     lines.append(row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}"))
+    lines.append(row("max concurrency at MAX_LEN", f"{b.max_concurrency}x", "vLLM's 'Maximum concurrency' line"))
     lines.append(row("longest context of one request", f"{b.longest_context:,}"))
     for n, c in b.resident_requests.items():
-        lines.append(row(f"requests resident at {n:,} tokens", f"{c:,}"))
+        lines.append(row(f"requests resident at {n:,} tokens", f"{c:,}", f"capped by MAX_SEQS {i.max_num_seqs}"))
+    lines.append(row("largest MAX_LEN that fits", f"{b.largest_fitting_max_len:,}", b.largest_note.strip()))
     lines.append(row("largest KV_MEM keeping the floor", f"{b.suggested_kv_mem:,} B", format_gib(b.suggested_kv_mem)))
-    lines.append(row("free after boot (headroom)", format_gib(b.headroom_bytes),
-                     f"floor {format_gib(b.terms['headroom_floor'].value)}"))
     lines.append("")
-    lines.append("FITS" if b.fits else b.explain_failure())
+    lines.append(f"{b.outcome.value.upper()} (exit {b.outcome.exit_code})")
+    if not b.fits:
+        lines.append(b.explain_failure())
     return "\n".join(lines)
+
+
+def _fail(message: str) -> int:
+    print(f"hyperqwen plan: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def run_plan(args: argparse.Namespace) -> int:
     try:
-        sets = {}
-        for item in args.set or []:
-            if "=" not in item:
-                raise MemoryPlanError(f"--set {item!r}: expected KNOB=VALUE")
-            key, value = item.split("=", 1)
-            sets[key.strip()] = value.strip()
-        knobs, overrides, default_model_dir = resolve_knobs(args.mode, sets, dict(os.environ))
-        total = parse_size(args.gpu, "--gpu")
-        reserved = parse_size(args.reserved, "--reserved") if args.reserved else 0
-        gpu = GpuFacts.nominal(total, reserved_bytes=reserved, wsl2=args.wsl2)
-        model_dir = Path(args.model_dir) if args.model_dir else default_model_dir
-        budget = plan_memory(model_dir, knobs, gpu, overrides)
+        gpu = parse_gpu(args.gpu, reserved=args.reserved, wsl2=args.wsl2)
+        # `--set MAX_LEN=` (empty): let the planner choose the longest context that fits.
+        choose_len = parse_overrides(args.set or []).get("MAX_LEN", None) == ""
+        settings = settings_from_args(args, os.environ)
+        model_dir = Path(args.model_dir) if args.model_dir else None
+        budget = plan_memory(settings, gpu, model_dir=model_dir)
+        if choose_len and budget.largest_fitting_max_len and budget.outcome in (Outcome.FITS, Outcome.SHORTER):
+            budget = plan_memory(settings, gpu, model_dir=model_dir, max_len=budget.largest_fitting_max_len)
+    except GpuError as exc:
+        return _fail(str(exc))
+    except SettingsError as exc:
+        errors = [p.message for p in exc.problems if p.severity == "error"] or [str(exc)]
+        return _fail("; ".join(errors))
     except (MemoryPlanError, CheckpointError) as exc:
-        print(f"hyperqwen plan: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     if args.json:
         print(json.dumps(budget.to_dict(), indent=2))
     else:
         print(render_table(budget))
-    return 0 if budget.fits else 1
+    return budget.outcome.exit_code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="print the GPU memory budget (weights, KV pool, headroom)",
-                              description="Compute what fits on a card from the checkpoint's config and "
-                                          "safetensors headers, without loading anything.")
-    p.add_argument("--gpu", default="24GiB", help="card memory, e.g. 12GiB, 16GiB, 24GiB, 32GiB, 48GiB "
-                                                  "(GB is read as GiB, as GPU makers mean it)")
-    p.add_argument("--mode", choices=MODES, help="single or batch (default: MODE, else single)")
+    p = subparsers.add_parser(
+        "plan", help="print the GPU memory budget (weights, KV pool, headroom)",
+        description="Compute what fits on a card from the checkpoint's config and safetensors headers (or, before "
+                    "the download, the default model's bundled shapes), without loading anything. Exit 0 fits, "
+                    "3 fits only with a shorter context, 4 vLLM would refuse to boot, 5 card full after boot, "
+                    "2 bad input.")
+    p.add_argument("--gpu", default="rtx3090",
+                   help=f"a card ({', '.join(CARDS)}) or CUDA's total memory as a size, e.g. 23.5GiB "
+                        "(GB = 10^9, GiB = 2^30); default rtx3090")
+    p.add_argument("--wsl2", action="store_true", help="the card under WSL2 (its driver leaves ~0.5 GiB less)")
+    p.add_argument("--reserved", help="memory other programs hold on the card (desktop, browser), e.g. 1.5GiB")
     p.add_argument("--json", action="store_true", help="print the budget as JSON")
-    p.add_argument("--wsl2", action="store_true", help=f"model WSL2's loss (~{0.5:.1f} GiB, reference setup)")
-    p.add_argument("--reserved", help="memory other programs hold (desktop, browser), e.g. 1.5GiB")
-    p.add_argument("--model-dir", help="checkpoint directory (default: $MODELS_DIR/$MODEL)")
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE",
-                   help="knob (KV, MAX_LEN, SPEC, ...) or measured term (CUDA_GRAPHS, HEADROOM_FLOOR, ...) "
-                        "override; repeatable")
+    p.add_argument("--model-dir", help="checkpoint directory (default: MODELS_DIR/MODEL, else the bundled shapes)")
+    add_settings_arguments(p)
     p.set_defaults(func=run_plan)
 
 
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hyperqwen", allow_abbrev=False)
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["plan", *(argv if argv is not None else sys.argv[1:])])
-    return args.func(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

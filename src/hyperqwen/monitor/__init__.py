@@ -38,6 +38,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hyperqwen.config.load import add_settings_arguments
+
+    add_settings_arguments(parser)
     parser.add_argument("--upstream", metavar="URL",
                         help="base URL of the vLLM server (default: http://127.0.0.1:PORT)")
     parser.add_argument("--bind", metavar="HOST",

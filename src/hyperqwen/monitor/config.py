@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from hyperqwen.config.apikey import read_api_key
-from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, resolve_settings
+from hyperqwen.config.load import settings_from_args
+from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback
 
 # Same meaning as in hyperqwen.launch.serve: inside the container the process listens on all interfaces of its own
 # network namespace, while BIND stays the host-side publish address that the exposure check looks at.
@@ -44,7 +45,7 @@ def check_upstream(url: str) -> str:
 
 def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> MonitorConfig:
     """Resolve flags and knobs. Raises SettingsError (naming the knob or flag) on anything wrong."""
-    settings = resolve_settings(environ)
+    settings = settings_from_args(args, environ)
     api_key = read_api_key(settings)
     bind = args.bind or settings["BIND"]
     listen_host = args.bind or environ.get(LISTEN_HOST_ENV) or bind

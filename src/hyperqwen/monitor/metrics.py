@@ -1,16 +1,16 @@
 """One scrape of vLLM's Prometheus `/metrics`, reduced to the numbers the monitor shows.
 
-Parsing uses prometheus_client's own text parser. Every value is summed over label sets (one per engine and
-model name), except where a label is the point: the finish reason of finished requests and the draft position
-of speculative acceptance. Metric names are those vLLM 0.32.0 registers (vllm/v1/metrics/loggers.py and
-vllm/v1/spec_decode/metrics.py).
+Parsing is hyperqwen.formats.prometheus (prometheus_client's own text parser), shared with the bench. Every
+value is summed over label sets (one per engine and model name), except where a label is the point: the finish
+reason of finished requests and the draft position of speculative acceptance. Metric names are those vLLM 0.32.0
+registers (vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
+from hyperqwen.formats.prometheus import PrometheusFormatError, samples
 
 # Counters (sample names carry prometheus_client's `_total` suffix).
 GENERATION_TOKENS = "vllm:generation_tokens_total"
@@ -96,54 +96,53 @@ def parse_scrape(text: str, time: float) -> Scrape:
     scrape = Scrape(time=time)
     seen_vllm = False
     try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as exc:  # prometheus_client raises ValueError on malformed lines
-        raise MetricsFormatError(f"not Prometheus text: {exc}") from None
-    for family in families:
-        for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
-            if not name.startswith("vllm:"):
-                continue
-            seen_vllm = True
-            if scrape.model_name is None and labels.get("model_name"):
-                scrape.model_name = labels["model_name"]
-            if name == GENERATION_TOKENS:
-                scrape.generation_tokens += value
-            elif name == PROMPT_TOKENS:
-                scrape.prompt_tokens += value
-            elif name == PREEMPTIONS:
-                scrape.preemptions += value
-            elif name == REQUEST_SUCCESS:
-                reason = labels.get("finished_reason", "unknown")
-                scrape.finished[reason] = scrape.finished.get(reason, 0.0) + value
-            elif name == PREFIX_QUERIES:
-                scrape.prefix_queries = _add(scrape.prefix_queries, value)
-            elif name == PREFIX_HITS:
-                scrape.prefix_hits = _add(scrape.prefix_hits, value)
-            elif name == SPEC_DRAFTS:
-                scrape.spec_drafts = _add(scrape.spec_drafts, value)
-            elif name == SPEC_DRAFT_TOKENS:
-                scrape.spec_draft_tokens = _add(scrape.spec_draft_tokens, value)
-            elif name == SPEC_ACCEPTED:
-                scrape.spec_accepted = _add(scrape.spec_accepted, value)
-            elif name == SPEC_ACCEPTED_PER_POS and "position" in labels:
-                pos = int(labels["position"])
-                scrape.spec_accepted_per_pos[pos] = scrape.spec_accepted_per_pos.get(pos, 0.0) + value
-            elif name == RUNNING:
-                scrape.running += value
-            elif name == WAITING:
-                scrape.waiting += value
-            elif name == KV_USAGE:
-                # Several engines: show the fullest pool, the one that limits admission.
-                scrape.kv_usage = value if scrape.kv_usage is None else max(scrape.kv_usage, value)
-            elif name == CACHE_CONFIG_INFO:
-                scrape.cache_info = {k: v for k, v in labels.items() if v not in ("", "None")}
-            elif name.endswith(("_sum", "_count")):
-                base, _, part = name.rpartition("_")
-                key = _HISTOGRAM_BY_NAME.get(base)
-                if key is not None:
-                    hist = scrape.histograms.setdefault(key, Histogram())
-                    setattr(hist, part, getattr(hist, part) + value)
+        parsed = list(samples(text))
+    except PrometheusFormatError as exc:
+        raise MetricsFormatError(str(exc)) from None
+    for sample in parsed:
+        name, labels, value = sample.name, sample.labels, sample.value
+        if not name.startswith("vllm:"):
+            continue
+        seen_vllm = True
+        if scrape.model_name is None and labels.get("model_name"):
+            scrape.model_name = labels["model_name"]
+        if name == GENERATION_TOKENS:
+            scrape.generation_tokens += value
+        elif name == PROMPT_TOKENS:
+            scrape.prompt_tokens += value
+        elif name == PREEMPTIONS:
+            scrape.preemptions += value
+        elif name == REQUEST_SUCCESS:
+            reason = labels.get("finished_reason", "unknown")
+            scrape.finished[reason] = scrape.finished.get(reason, 0.0) + value
+        elif name == PREFIX_QUERIES:
+            scrape.prefix_queries = _add(scrape.prefix_queries, value)
+        elif name == PREFIX_HITS:
+            scrape.prefix_hits = _add(scrape.prefix_hits, value)
+        elif name == SPEC_DRAFTS:
+            scrape.spec_drafts = _add(scrape.spec_drafts, value)
+        elif name == SPEC_DRAFT_TOKENS:
+            scrape.spec_draft_tokens = _add(scrape.spec_draft_tokens, value)
+        elif name == SPEC_ACCEPTED:
+            scrape.spec_accepted = _add(scrape.spec_accepted, value)
+        elif name == SPEC_ACCEPTED_PER_POS and "position" in labels:
+            pos = int(labels["position"])
+            scrape.spec_accepted_per_pos[pos] = scrape.spec_accepted_per_pos.get(pos, 0.0) + value
+        elif name == RUNNING:
+            scrape.running += value
+        elif name == WAITING:
+            scrape.waiting += value
+        elif name == KV_USAGE:
+            # Several engines: show the fullest pool, the one that limits admission.
+            scrape.kv_usage = value if scrape.kv_usage is None else max(scrape.kv_usage, value)
+        elif name == CACHE_CONFIG_INFO:
+            scrape.cache_info = {k: v for k, v in labels.items() if v not in ("", "None")}
+        elif name.endswith(("_sum", "_count")):
+            base, _, part = name.rpartition("_")
+            key = _HISTOGRAM_BY_NAME.get(base)
+            if key is not None:
+                hist = scrape.histograms.setdefault(key, Histogram())
+                setattr(hist, part, getattr(hist, part) + value)
     if not seen_vllm:
         raise MetricsFormatError("no vllm: metrics in the answer; is the upstream URL a vLLM server?")
     return scrape

@@ -52,6 +52,38 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_path(path: Path) -> None:
+    """fsync a file we did not write ourselves (a local source shard we hard-link): its data must be on disk
+    before a marker or a published directory points at it. A read-only descriptor is enough on Linux."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EINVAL):  # a read-only mount holds nothing unwritten
+            raise
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: Path) -> None:
+    """mkdir -p, and fsync the parent of every directory created, so the new entries survive a power cut."""
+    missing = []
+    probe = path
+    while not probe.is_dir():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue
+        fsync_dir(directory.parent)
+
+
 def enospc_error(path: Path, exc: OSError) -> DiskSpaceError:
     usage = shutil.disk_usage(path.parent if not path.is_dir() else path)
     return DiskSpaceError(
@@ -125,9 +157,12 @@ def copy_file_atomic(src: Path, dst: Path, chunk_bytes: int = 16 << 20) -> tuple
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-link (no extra space; both sides are never modified in place) or copy across filesystems."""
+    """Hard-link (no extra space; both sides are never modified in place) or copy across filesystems.
+
+    The shared inode is fsynced first: a hard link makes the name durable, not the data behind it."""
     tmp = dst.with_name(dst.name + TMP_SUFFIX)
     tmp.unlink(missing_ok=True)
+    fsync_path(src)
     try:
         os.link(src, tmp)
     except OSError as exc:

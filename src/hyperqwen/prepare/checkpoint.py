@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hyperqwen.prepare.errors import CheckpointError
+from hyperqwen.prepare.errors import PrepareCheckpointError
 from hyperqwen.prepare.quantize import module_of, weight_scheme
-from hyperqwen.prepare.safetensors_io import FLOAT_DTYPES, ShardHeader, read_header
+from hyperqwen.prepare.safetensors_io import FLOAT_DTYPES, SafetensorsHeader, TensorInfo, read_shard_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -30,31 +30,38 @@ EMBED = re.compile(r"^(model\.language_model\.|model\.)embed_tokens\.weight$")
 
 
 @dataclasses.dataclass
-class Checkpoint:
+class CheckpointFiles:
     directory: Path
     config: dict[str, Any]
     weight_map: dict[str, str]  # tensor name -> shard file name
-    headers: dict[str, ShardHeader]  # shard file name -> parsed header
+    headers: dict[str, SafetensorsHeader]  # shard file name -> parsed header
     has_index: bool
 
     @property
     def text_config(self) -> dict[str, Any]:
         return self.config.get("text_config") or self.config
 
-    def tensor(self, name: str):
+    def tensor(self, name: str) -> TensorInfo:
         return self.headers[self.weight_map[name]].tensors[name]
 
 
-def load_json(path: Path, what: str) -> dict[str, Any]:
+# What to do about a damaged file, by where it lies (a message must not say "run prepare again" about a folder
+# prepare never writes).
+FIX_LOCAL = "fix or replace that file in MODEL_SOURCE_DIR (prepare only reads that folder), or unset MODEL_SOURCE_DIR"
+FIX_DOWNLOAD = ("run prepare again: it checks every downloaded file against the hub's size and sha256 and fetches "
+                "a missing or damaged one again")
+FIX_OUTPUT = "run prepare again to rebuild the model"
+
+
+def load_json(path: Path, what: str, fix: str = FIX_OUTPUT) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing ({what})",
-                              fix="the checkpoint is incomplete; run prepare again, or fix MODEL_SOURCE_DIR") from None
+        raise PrepareCheckpointError(f"{path} is missing ({what})", fix=fix) from None
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc})", fix="delete it and run prepare again") from None
+        raise PrepareCheckpointError(f"{path} is not valid JSON ({exc})", fix=fix) from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object, found {type(data).__name__}")
+        raise PrepareCheckpointError(f"{path} must hold a JSON object, found {type(data).__name__}")
     return data
 
 
@@ -62,40 +69,40 @@ def check_architecture(config: dict[str, Any], path: Path) -> None:
     archs = config.get("architectures") or []
     model_type = config.get("model_type")
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs) or model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
+        raise PrepareCheckpointError(
             f"{path}: architecture {archs or '(none)'} / model_type {model_type!r} is not Qwen3.5 "
             f"(expected one of {list(SUPPORTED_ARCHITECTURES)}, model_type {list(SUPPORTED_MODEL_TYPES)})",
             fix="set MODEL_REPO (or MODEL_SOURCE_DIR) to a Qwen3.8-27B checkpoint, e.g. the default "
                 "dbirks/Qwen3.8-27B-W4A16-AutoRound", knob="MODEL_REPO")
 
 
-def open_checkpoint(directory: Path) -> Checkpoint:
-    config = load_json(directory / "config.json", "the model config")
+def open_checkpoint(directory: Path, fix: str = FIX_OUTPUT) -> CheckpointFiles:
+    """Config, index and every shard's header; `fix` goes into the message about a missing or damaged file."""
+    config = load_json(directory / "config.json", "the model config", fix)
     check_architecture(config, directory / "config.json")
     index_path = directory / INDEX_NAME
     if index_path.is_file():
-        index = load_json(index_path, "the shard index")
+        index = load_json(index_path, "the shard index", fix)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index_path}: no weight_map", fix="the index is corrupt; delete it and run prepare again")
+            raise PrepareCheckpointError(f"{index_path}: no weight_map (the index is corrupt)", fix=fix)
         has_index = True
     elif (directory / SINGLE_NAME).is_file():
         weight_map = None
         has_index = False
     else:
-        raise CheckpointError(f"{directory}: neither {INDEX_NAME} nor {SINGLE_NAME} found",
-                              fix="the checkpoint has no weights; run prepare again or fix MODEL_SOURCE_DIR")
+        raise PrepareCheckpointError(f"{directory}: neither {INDEX_NAME} nor {SINGLE_NAME} found (no weights)",
+                                     fix=fix)
     shard_names = sorted(set(weight_map.values())) if weight_map else [SINGLE_NAME]
     headers = {}
     for shard in shard_names:
         path = directory / shard
         if not path.is_file():
-            raise CheckpointError(f"{path} is missing (named by {INDEX_NAME})",
-                                  fix="the checkpoint is incomplete; run prepare again to fetch it")
-        headers[shard] = read_header(path)
+            raise PrepareCheckpointError(f"{path} is missing (named by {INDEX_NAME})", fix=fix)
+        headers[shard] = read_shard_header(path, fix)
     if weight_map is None:
         weight_map = {name: SINGLE_NAME for name in headers[SINGLE_NAME].tensors}
-    return Checkpoint(directory, config, dict(weight_map), headers, has_index)
+    return CheckpointFiles(directory, config, dict(weight_map), headers, has_index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,17 +118,17 @@ class Targets:
         return self.lm_head + self.mtp + self.embed
 
 
-def _float_2d(ckpt: Checkpoint, name: str) -> bool:
+def _float_2d(ckpt: CheckpointFiles, name: str) -> bool:
     info = ckpt.tensor(name)
     return info.dtype in FLOAT_DTYPES and len(info.shape) == 2
 
 
-def find_targets(ckpt: Checkpoint, quantize_embed: bool) -> Targets:
+def find_targets(ckpt: CheckpointFiles, quantize_embed: bool) -> Targets:
     names = ckpt.weight_map
     already = sorted(n[: -len(".weight_packed")] for n in names if n.endswith(".weight_packed"))
     lm_head = (LM_HEAD,) if LM_HEAD in names and _float_2d(ckpt, LM_HEAD) else ()
     if not lm_head and "lm_head" not in already and not ckpt.text_config.get("tie_word_embeddings", False):
-        raise CheckpointError(f"{ckpt.directory}: no lm_head.weight although tie_word_embeddings is false",
+        raise PrepareCheckpointError(f"{ckpt.directory}: no lm_head.weight although tie_word_embeddings is false",
                               fix="the checkpoint is incomplete or of another layout; use the default MODEL_REPO")
     mtp = tuple(sorted(n for n in names if MTP_LINEAR.match(n) and _float_2d(ckpt, n)))
     embed = tuple(sorted(n for n in names if quantize_embed and EMBED.match(n) and _float_2d(ckpt, n)))
@@ -153,7 +160,7 @@ def updated_quantization_config(config: dict[str, Any], targets: Targets) -> dic
                               "kv_cache_scheme": None}
     else:
         if original.get("quant_method") != "compressed-tensors":
-            raise CheckpointError(
+            raise PrepareCheckpointError(
                 f"quantization_config.quant_method is {original.get('quant_method')!r}; prepare writes "
                 "compressed-tensors entries and can only merge them into a compressed-tensors checkpoint",
                 fix="use the default MODEL_REPO (a compressed-tensors W4A16 build)", knob="MODEL_REPO")
@@ -167,7 +174,7 @@ def updated_quantization_config(config: dict[str, Any], targets: Targets) -> dic
         if not hits:
             kept.append(entry)
         elif entry.startswith("re:"):
-            raise CheckpointError(
+            raise PrepareCheckpointError(
                 f"quantization_config.ignore has the pattern {entry!r}, which also covers {hits[0]!r} that prepare "
                 "quantizes; it cannot tell which other modules the pattern is meant for",
                 fix="use a checkpoint whose ignore list names modules one by one (like the default MODEL_REPO)")

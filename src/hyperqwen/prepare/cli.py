@@ -3,40 +3,72 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
-import os
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
-from hyperqwen.prepare.errors import PrepareError
-from hyperqwen.prepare.options import PrepareOptions
+from hyperqwen.prepare.errors import (
+    EXIT_FILESYSTEM,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    FilesystemError,
+    Interrupted,
+    PrepareError,
+    filesystem_error,
+)
+
+EXIT_STATUSES = (f"exit status: {EXIT_OK} ready; 1 a problem with a knob, the source, the hub or the token; "
+                 f"2 usage; {EXIT_FILESYSTEM} the file system refused (read-only, full, no inodes, permission, "
+                 f"name too long); {EXIT_SIGINT} Ctrl-C; {EXIT_SIGTERM} SIGTERM. Nothing is published half-way; "
+                 "a re-run continues where the last one stopped.")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from hyperqwen.config.load import add_settings_arguments
+
     parser = subparsers.add_parser(
         "prepare", help="download, requantize (int8 lm_head/MTP) and verify the model; resumable and crash-safe",
         description="Reads MODELS_DIR, MODEL, MODEL_REPO, MODEL_REVISION, HF_TOKEN, MODEL_SOURCE_DIR, HF_HUB_OFFLINE, "
-                    "QUANTIZE_EMBED, DRAFT_VOCAB and DRAFT_VOCAB_IDS from the environment. Re-running is a no-op "
-                    "once the model is prepared.",
-        allow_abbrev=False)
+                    "QUANTIZE_EMBED, DRAFT_VOCAB and DRAFT_VOCAB_IDS (defaults < mode profile < .env < environment "
+                    "< --set). Re-running is a no-op once the model is prepared.",
+        epilog=EXIT_STATUSES, allow_abbrev=False)
+    add_settings_arguments(parser)
     parser.add_argument("--verify-only", action="store_true",
                         help="only verify the prepared model directory (tensors, tokenizer, config); write nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     parser.set_defaults(func=run)
 
 
-def _options_from_environment() -> PrepareOptions:
-    return PrepareOptions.from_env(os.environ)
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted()
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="prepare: %(message)s", stream=sys.stderr)
     log = logging.getLogger("hyperqwen.prepare")
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        options = _options_from_environment()
-        if args.no_progress:
-            import dataclasses
+        return _run(args, log)
+    except KeyboardInterrupt:
+        log.error("interrupted (Ctrl-C): nothing was published half-way; run prepare again to continue")
+        return EXIT_SIGINT
+    except Interrupted:
+        log.error("terminated (SIGTERM): nothing was published half-way; run prepare again to continue")
+        return EXIT_SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
+
+def _run(args: argparse.Namespace, log: logging.Logger) -> int:
+    from hyperqwen.prepare.options import PrepareOptions
+
+    try:
+        options = PrepareOptions.from_args(args)
+        if args.no_progress:
             options = dataclasses.replace(options, show_progress=False)
         log.info("options: %s", options.describe())
         if args.verify_only:
@@ -45,17 +77,23 @@ def run(args: argparse.Namespace) -> int:
             report = verify_checkpoint(Path(options.output_dir))
             log.info("%s verified: %d tensors, %d quantized modules, <think> -> %s", options.output_dir,
                      report.tensors, report.quantized_modules, list(report.think_ids))
-            return 0
+            return EXIT_OK
         from hyperqwen.prepare.pipeline import prepare
 
         result = prepare(options)
     except PrepareError as exc:
         log.error("%s", exc)
-        return 1
+        return exc.exit_code
+    except OSError as exc:  # --verify-only and option loading read files too
+        if not isinstance(exc.errno, int):
+            raise
+        error: FilesystemError = filesystem_error(exc)
+        log.error("%s", error)
+        return error.exit_code
     for name, err in sorted(result.quant_errors.items()):
         log.info("  %s: relative Frobenius error %.4f%%", name, err * 100)
     log.info("ready: %s (%s)", result.output_dir, "updated" if result.changed else "already up to date")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,3 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     register(subparsers)
     args = parser.parse_args(["prepare", *(sys.argv[1:] if argv is None else argv)])
     return int(args.func(args) or 0)
+
+
+__all__ = ["EXIT_STATUSES", "main", "register", "run"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hyperqwen.prepare.errors import CheckpointError, PrepareError
+from hyperqwen.prepare.errors import PrepareCheckpointError, PrepareError
 
 log = logging.getLogger("hyperqwen.prepare")
 
@@ -80,7 +80,7 @@ def load_tokenizer(tokenizer_path: Path):
     from tokenizers import Tokenizer
 
     if not tokenizer_path.is_file():
-        raise CheckpointError(f"{tokenizer_path} is missing; the draft vocabulary is counted with the model's "
+        raise PrepareCheckpointError(f"{tokenizer_path} is missing; the draft vocabulary is counted with the model's "
                               "own tokenizer", fix="use the complete checkpoint (it ships tokenizer.json)")
     return Tokenizer.from_file(str(tokenizer_path))
 
@@ -93,7 +93,7 @@ def count_ids(id_lists: Iterable[Iterable[int]], vocab: int, what: str) -> np.nd
             continue
         if arr.min() < 0 or arr.max() >= vocab:
             bad = int(arr[(arr < 0) | (arr >= vocab)][0])
-            raise CheckpointError(f"{what}: token id {bad} is outside the model's vocab_size {vocab}",
+            raise PrepareCheckpointError(f"{what}: token id {bad} is outside the model's vocab_size {vocab}",
                                   fix="the tokenizer or counts belong to another model; use this model's own")
         counts += np.bincount(arr, minlength=vocab)
     return counts
@@ -207,7 +207,7 @@ class DraftVocab:
 
         hidden = self.head.shape[1]
         if self.quantized:
-            rows = TensorInfo(f"{HEAD_MODULE}.weight", self.head.dtype, (self.size, hidden), 0, 0)
+            rows = TensorInfo(f"{HEAD_MODULE}.weight", self.head.dtype, (self.size, hidden), 0)
             head = quantized_outputs(rows)
         else:
             head = [OutTensor(f"{HEAD_MODULE}.weight", self.head.dtype, (self.size, hidden))]
@@ -218,7 +218,7 @@ class DraftVocab:
                 "coverage": round(self.coverage, 6), "quantized": self.quantized, "rows_from": self.head.name}
 
 
-def plan_draft_vocab(ckpt, targets, options) -> DraftVocab:
+def choose_draft_vocab(ckpt, targets, options) -> DraftVocab:
     """Choose the ids for `options.draft_vocab` (> 0) from the source checkpoint `ckpt`."""
     from hyperqwen.prepare.checkpoint import EMBED, LM_HEAD
     from hyperqwen.prepare.safetensors_io import FLOAT_DTYPES
@@ -230,13 +230,13 @@ def plan_draft_vocab(ckpt, targets, options) -> DraftVocab:
     else:
         embeds = [n for n in ckpt.weight_map if EMBED.match(n)]
         if not (text.get("tie_word_embeddings") and embeds):
-            raise CheckpointError(f"{ckpt.directory}: no float lm_head.weight to take draft-vocabulary rows from",
+            raise PrepareCheckpointError(f"{ckpt.directory}: no float lm_head.weight to take draft-vocabulary rows from",
                                   fix="use a checkpoint with a bf16 lm_head (the default MODEL_REPO), or "
                                       "DRAFT_VOCAB=0", knob="DRAFT_VOCAB")
         name, quantized = embeds[0], bool(targets.embed)
     head = ckpt.tensor(name)
     if head.dtype not in FLOAT_DTYPES or len(head.shape) != 2 or head.shape[0] != vocab:
-        raise CheckpointError(f"{name} is {head.dtype}{list(head.shape)}; the draft vocabulary needs float rows "
+        raise PrepareCheckpointError(f"{name} is {head.dtype}{list(head.shape)}; the draft vocabulary needs float rows "
                               f"[vocab_size={vocab}, hidden]", fix="use the default MODEL_REPO, or DRAFT_VOCAB=0",
                               knob="DRAFT_VOCAB")
     corpus = count_corpus(ckpt.directory / "tokenizer.json", options.draft_vocab_corpus or default_corpus_dir(), vocab)
@@ -280,7 +280,7 @@ def write_draft_file(draft: DraftVocab, out, block_bytes: int = ROW_BLOCK_BYTES,
             for row, token in enumerate(block_ids):
                 handle.seek(info.begin + int(token) * row_bytes)
                 if handle.readinto(view[row * row_bytes:(row + 1) * row_bytes]) != row_bytes:
-                    raise CheckpointError(f"{info.name}: short read at row {int(token)}",
+                    raise PrepareCheckpointError(f"{info.name}: short read at row {int(token)}",
                                           fix="the source shard is truncated; delete it and run prepare again")
             if draft.quantized:
                 # Rows quantize independently (groups run along hidden), so these bytes equal the
@@ -320,39 +320,39 @@ def check_draft_vocab(ckpt) -> int:
     present = [n for n in ckpt.weight_map if n == D2T or n.startswith(f"{HEAD_MODULE}.")]
     if size is None:
         if present:
-            raise CheckpointError(f"{present[0]} is in the checkpoint but config.json has no {CONFIG_KEY}",
+            raise PrepareCheckpointError(f"{present[0]} is in the checkpoint but config.json has no {CONFIG_KEY}",
                                   fix="run prepare again to rebuild the model")
         return 0
     vocab = int(text.get("vocab_size") or 0)
     hidden = int(text.get("hidden_size") or 0)
     if not isinstance(size, int) or not 0 < size < vocab:
-        raise CheckpointError(f"config.json {CONFIG_KEY}={size!r} must be an integer in 1..{vocab - 1}",
+        raise PrepareCheckpointError(f"config.json {CONFIG_KEY}={size!r} must be an integer in 1..{vocab - 1}",
                               fix="run prepare again to rebuild the model")
     if D2T not in ckpt.weight_map:
-        raise CheckpointError(f"config.json sets {CONFIG_KEY}={size} but {D2T} is missing",
+        raise PrepareCheckpointError(f"config.json sets {CONFIG_KEY}={size} but {D2T} is missing",
                               fix="run prepare again to rebuild the model")
     d2t_info = ckpt.tensor(D2T)
     if d2t_info.dtype != "I64" or d2t_info.shape != (size,):
-        raise CheckpointError(f"{D2T} is {d2t_info.dtype}{list(d2t_info.shape)}, expected I64[{size}]")
+        raise PrepareCheckpointError(f"{D2T} is {d2t_info.dtype}{list(d2t_info.shape)}, expected I64[{size}]")
     if f"{HEAD_MODULE}.weight_packed" in ckpt.weight_map:
         rows = ckpt.tensor(f"{HEAD_MODULE}.weight_packed").shape[0]
     elif f"{HEAD_MODULE}.weight" in ckpt.weight_map:
         info = ckpt.tensor(f"{HEAD_MODULE}.weight")
         if info.shape != (size, hidden):
-            raise CheckpointError(f"{HEAD_MODULE}.weight is {list(info.shape)}, expected [{size}, {hidden}]")
+            raise PrepareCheckpointError(f"{HEAD_MODULE}.weight is {list(info.shape)}, expected [{size}, {hidden}]")
         rows = size
     else:
-        raise CheckpointError(f"config.json sets {CONFIG_KEY}={size} but {HEAD_MODULE}.weight is missing",
+        raise PrepareCheckpointError(f"config.json sets {CONFIG_KEY}={size} but {HEAD_MODULE}.weight is missing",
                               fix="run prepare again to rebuild the model")
     if rows != size:
-        raise CheckpointError(f"{HEAD_MODULE} has {rows} rows, {CONFIG_KEY} is {size}")
+        raise PrepareCheckpointError(f"{HEAD_MODULE} has {rows} rows, {CONFIG_KEY} is {size}")
     from safetensors import safe_open
 
     with safe_open(str(ckpt.directory / ckpt.weight_map[D2T]), framework="numpy") as handle:
         d2t = handle.get_tensor(D2T)
     ids = d2t + np.arange(size, dtype=np.int64)
     if ids[0] < 0 or ids[-1] >= vocab or (size > 1 and not bool(np.all(np.diff(ids) > 0))):
-        raise CheckpointError(f"{D2T} maps to ids that are not strictly increasing inside 0..{vocab - 1} "
+        raise PrepareCheckpointError(f"{D2T} maps to ids that are not strictly increasing inside 0..{vocab - 1} "
                               f"(first {int(ids[0])}, last {int(ids[-1])})",
                               fix="run prepare again to rebuild the model")
     return size

@@ -33,6 +33,7 @@ from hyperqwen.prepare.atomic import (
     exchange_dirs,
     fsync_dir,
     link_or_copy,
+    make_dirs,
     remove_tree,
     sha256_file,
     write_json_atomic,
@@ -40,7 +41,7 @@ from hyperqwen.prepare.atomic import (
 from hyperqwen.prepare.checkpoint import (
     INDEX_NAME,
     OUR_GROUP,
-    Checkpoint,
+    CheckpointFiles,
     Targets,
     find_targets,
     open_checkpoint,
@@ -52,12 +53,19 @@ from hyperqwen.prepare.draft_vocab import (
     DraftVocab,
     corpus_digest,
     default_corpus_dir,
-    plan_draft_vocab,
+    choose_draft_vocab,
     recipe_parts,
     text_config_with_key,
     write_draft_file,
 )
-from hyperqwen.prepare.errors import CheckpointError, DiskSpaceError, PrepareError, QuantizationError
+from hyperqwen.prepare.errors import (
+    DiskSpaceError,
+    FilesystemError,
+    PrepareCheckpointError,
+    PrepareError,
+    QuantizationError,
+    filesystem_error,
+)
 from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.quantize import QuantStats, quantize_tensor, quantized_outputs, weight_scheme
 from hyperqwen.prepare.safetensors_io import OutTensor, TensorInfo, build_header
@@ -123,9 +131,9 @@ class OutputFile:
 
 
 @dataclasses.dataclass
-class Plan:
+class StepList:
     source: Source
-    checkpoint: Checkpoint
+    checkpoint: CheckpointFiles
     targets: Targets
     outputs: list[OutputFile]
     expected_tensors: dict[str, tuple[str, tuple[int, ...]]]
@@ -169,7 +177,7 @@ def _request(options: PrepareOptions) -> dict[str, Any]:
     source = {"source_dir": str(options.source_dir.resolve())} if options.source_dir else {
         "repo": options.repo_id, "revision": options.revision}
     request = {**source, "quantize_embed": options.quantize_embed, "max_rel_error": options.max_rel_error,
-               "scheme": weight_scheme()}
+               "max_group_rel_error": options.max_group_rel_error, "scheme": weight_scheme()}
     if options.draft_vocab:  # only when on, so models prepared without it keep their request
         request["draft_vocab"] = options.draft_vocab
         request["draft_vocab_corpus"] = corpus_digest(options.draft_vocab_corpus or default_corpus_dir())
@@ -187,8 +195,9 @@ def _file_digest_or_name(path: Path) -> str:
 
 # --- planning ---------------------------------------------------------------------------------------
 
-def build_plan(source: Source, options: PrepareOptions) -> Plan:
-    ckpt = open_checkpoint(source.directory)
+def list_steps(source: Source, options: PrepareOptions) -> StepList:
+    """What prepare will write, file by file (link, rewrite, generate, draft), from the source's headers."""
+    ckpt = open_checkpoint(source.directory, source.damaged_fix)
     check_index_against_shards(ckpt)
     targets = find_targets(ckpt, options.quantize_embed)
     quant_config = updated_quantization_config(ckpt.config, targets)
@@ -222,17 +231,17 @@ def build_plan(source: Source, options: PrepareOptions) -> Plan:
                 tensors = [out for e in entries for out in e.outputs]
                 size = len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors)
                 recipe = _digest([TOOL, "rewrite", name, _identity(path), quantized, weight_scheme(),
-                                  options.max_rel_error])
+                                  options.max_rel_error, options.max_group_rel_error])
                 outputs.append(OutputFile(name, "rewrite", recipe, size, source=path, entries=entries,
                                           metadata=metadata))
                 continue
         outputs.append(OutputFile(name, "link", _digest([TOOL, "link", name, _identity(path)]),
                                   path.stat().st_size, source=path))
     config = dict(ckpt.config)
-    draft = plan_draft_vocab(ckpt, targets, options) if options.draft_vocab else None
+    draft = choose_draft_vocab(ckpt, targets, options) if options.draft_vocab else None
     if draft is not None:
         if DRAFT_FILE in ckpt.headers:
-            raise CheckpointError(f"{source.directory / DRAFT_FILE} is in the source checkpoint; prepare writes "
+            raise PrepareCheckpointError(f"{source.directory / DRAFT_FILE} is in the source checkpoint; prepare writes "
                                   "that file itself", fix="use the original checkpoint as the source")
         if draft.quantized:
             group = quant_config["config_groups"][OUR_GROUP]
@@ -257,7 +266,7 @@ def build_plan(source: Source, options: PrepareOptions) -> Plan:
     for name, content in generated_files.items():
         outputs.append(OutputFile(name, "generate", _digest([TOOL, "generate", hashlib.sha256(content).hexdigest()]),
                                   len(content), content=content))
-    return Plan(source, ckpt, targets, outputs, expected, _request(options), draft)
+    return StepList(source, ckpt, targets, outputs, expected, _request(options), draft)
 
 
 # --- producing files ----------------------------------------------------------------------------------
@@ -288,7 +297,7 @@ def _copy_range(handle, start: int, nbytes: int, write, progress: _Progress, buf
     while left:
         n = handle.readinto(view[: min(left, len(buf))])
         if not n:
-            raise CheckpointError(f"{handle.name}: unexpected end of file", fix="delete it and run prepare again")
+            raise PrepareCheckpointError(f"{handle.name}: unexpected end of file", fix="delete it and run prepare again")
         write(view[:n])
         left -= n
         progress.update(n)
@@ -314,10 +323,12 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
                     progress.update(nbytes)
                     crash_point(f"quantize-block:{spec.path}")
 
-                stats: QuantStats = quantize_tensor(handle, entry.source, out.write, options.block_bytes, on_block)
+                stats: QuantStats = quantize_tensor(handle, entry.source, out.write, options.block_bytes, on_block,
+                                                    options.max_group_rel_error)
                 rel = stats.rel_error
-                log.info("quantized %s %s: relative Frobenius error %.4f%%", entry.source.name,
-                         list(entry.source.shape), rel * 100)
+                log.info("quantized %s %s: relative Frobenius error %.4f%%, worst 128-group %.2f%% (row %d)",
+                         entry.source.name, list(entry.source.shape), rel * 100, stats.worst_group_error * 100,
+                         stats.worst_group_row)
                 if not rel <= options.max_rel_error:
                     raise QuantizationError(
                         f"{entry.source.name}: int8 group-128 relative Frobenius error {rel * 100:.3f}% exceeds the "
@@ -336,7 +347,7 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
 
 @contextmanager
 def _locked(paths: StatePaths) -> Iterator[None]:
-    paths.output.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(paths.output.parent)
     with open(paths.lock, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -394,12 +405,12 @@ def _shares_inode(out: OutputFile) -> bool:
     return out.kind == "link" and out.path.endswith(".safetensors")
 
 
-def _preflight(plan: Plan, paths: StatePaths, done: set[str], reusable: set[str], options: PrepareOptions) -> None:
+def _preflight(steps: StepList, paths: StatePaths, done: set[str], reusable: set[str], options: PrepareOptions) -> None:
     if not options.check_disk_space:
         return
     staging_dev = paths.staging.stat().st_dev
     needed = 0
-    for out in plan.outputs:
+    for out in steps.outputs:
         if out.path in done:
             continue
         if out.path in reusable and paths.output.stat().st_dev == staging_dev:
@@ -431,21 +442,47 @@ def _noop_if_current(options: PrepareOptions, paths: StatePaths, cache: dict[str
         try:
             from hyperqwen.prepare.source import Source as _Source
 
-            plan = build_plan(_Source(source_dir.resolve(), {}), options)
+            steps = list_steps(_Source(source_dir.resolve(), {}), options)
         except PrepareError:
             return None
-        if plan.fingerprint != manifest.get("fingerprint"):
+        if steps.fingerprint != manifest.get("fingerprint"):
             return None
     return Result(paths.output, False, [], sorted(manifest["files"]),
                   {k: v["rel_frobenius_error"] for k, v in (manifest.get("quantized") or {}).items()})
 
 
 def prepare(options: PrepareOptions) -> Result:
-    """Make options.output_dir a verified, servable checkpoint. Idempotent; safe to kill at any point."""
+    """Make options.output_dir a verified, servable checkpoint. Idempotent; safe to kill at any point.
+
+    Raises PrepareError (FilesystemError for what the kernel refused: read-only, full, permissions)."""
+    try:
+        return _prepare(options)
+    except OSError as exc:
+        if isinstance(exc, FilesystemError) or not isinstance(exc.errno, int):
+            raise
+        raise filesystem_error(exc) from None
+
+
+def _prepare(options: PrepareOptions) -> Result:
     paths = StatePaths(options.output_dir.absolute())
     if paths.output.exists() and not paths.output.is_dir():
         raise PrepareError(f"MODEL={str(paths.output)!r} exists and is not a directory",
                            fix="point MODEL at a directory (relative to MODELS_DIR)", knob="MODEL")
+    # Nothing to do needs no lock and no write, so it also works on a read-only models volume. The check only
+    # reads, and answers "up to date" only when every published file matches the manifest; a publish by
+    # another prepare swaps the whole directory in one rename, so the check sees the old or the new model.
+    verified_cache = _load_json(paths.verified) or {}
+    before = json.dumps(verified_cache, sort_keys=True)
+    if not any(p.exists() for p in (paths.staging, paths.old, paths.progress)):
+        noop = _noop_if_current(options, paths, verified_cache)
+        if noop is not None:
+            if json.dumps(verified_cache, sort_keys=True) != before:
+                try:  # only saves rehashing next time
+                    write_json_atomic(paths.verified, verified_cache)
+                except OSError as exc:
+                    log.debug("cannot update %s (%s); the next run rehashes", paths.verified, exc.strerror)
+            log.info("%s is up to date (manifest matches); nothing to do", paths.output)
+            return noop
     with _locked(paths):
         _recover_publish(paths)
         verified_cache = _load_json(paths.verified) or {}
@@ -463,24 +500,23 @@ def prepare(options: PrepareOptions) -> Result:
                 fix="move that directory away, or set MODEL to another name (or serve it as it is and skip prepare)",
                 knob="MODEL")
         source = acquire_source(options)
-        plan = build_plan(source, options)
-        return _build(plan, options, paths, verified_cache)
+        steps = list_steps(source, options)
+        return _build(steps, options, paths, verified_cache)
 
 
-def _build(plan: Plan, options: PrepareOptions, paths: StatePaths, verified_cache: dict[str, list]) -> Result:
-    fingerprint = plan.fingerprint
+def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified_cache: dict[str, list]) -> Result:
+    fingerprint = steps.fingerprint
     progress = _load_json(paths.progress)
     if not progress or progress.get("fingerprint") != fingerprint or not paths.staging.is_dir():
         remove_tree(paths.staging)
-        paths.staging.mkdir(parents=True)
-        fsync_dir(paths.staging.parent)
+        make_dirs(paths.staging)
         progress = {"fingerprint": fingerprint, "files": {}, "quantized": {}}
         write_json_atomic(paths.progress, progress)
     for leftover in paths.staging.rglob(f"*{TMP_SUFFIX}"):
         leftover.unlink()
 
     done = set()
-    for out in plan.outputs:
+    for out in steps.outputs:
         entry = progress["files"].get(out.path)
         target = paths.staging / out.path
         if entry and entry["recipe"] == out.recipe and target.is_file() and target.stat().st_size == out.size:
@@ -488,17 +524,17 @@ def _build(plan: Plan, options: PrepareOptions, paths: StatePaths, verified_cach
 
     old_manifest = _load_json(paths.output / MANIFEST_NAME) or {}
     old_files = old_manifest.get("files") if isinstance(old_manifest.get("files"), dict) else {}
-    reusable = {o.path for o in plan.outputs
+    reusable = {o.path for o in steps.outputs
                 if old_files.get(o.path, {}).get("recipe") == o.recipe and (paths.output / o.path).is_file()}
-    _preflight(plan, paths, done, reusable, options)
+    _preflight(steps, paths, done, reusable, options)
 
     written, reused = [], []
-    for out in plan.outputs:
+    for out in steps.outputs:
         if out.path in done:
             reused.append(out.path)
             continue
         target = paths.staging / out.path
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent)
         errors: dict[str, float] = {}
         old_entry = old_files.get(out.path) if out.path in reusable else None
         if old_entry and _file_sha(paths.output / out.path, verified_cache, out.path) == old_entry["sha256"]:
@@ -513,7 +549,7 @@ def _build(plan: Plan, options: PrepareOptions, paths: StatePaths, verified_cach
                 # A download's shards were hashed against the hub's sha256 already; reuse those while the
                 # file's size and mtime are unchanged, else hash now.
                 cache = progress.setdefault("source_hashes", {})
-                for name, entry in plan.source.hash_cache().items():
+                for name, entry in steps.source.hash_cache().items():
                     cache.setdefault(name, entry)
                 sha = _file_sha(out.source, cache, out.path)
                 link_or_copy(out.source, target)
@@ -546,23 +582,23 @@ def _build(plan: Plan, options: PrepareOptions, paths: StatePaths, verified_cach
         progress["quantized"].update(errors)
         write_json_atomic(paths.progress, progress)
 
-    verify_checkpoint(paths.staging, plan.expected_tensors)
+    verify_checkpoint(paths.staging, steps.expected_tensors)
     crash_point("before-manifest")
     quantized = {}
-    for name in plan.targets.all:
-        info = plan.checkpoint.tensor(name)
+    for name in steps.targets.all:
+        info = steps.checkpoint.tensor(name)
         quantized[name] = {"rel_frobenius_error": progress["quantized"][name], "shape": list(info.shape),
                            "source_dtype": info.dtype, "scheme": "int8 symmetric group-128 pack-quantized"}
     manifest = {
         "format": FORMAT_VERSION,
         "tool": TOOL,
         "steps": list(STEPS),
-        "request": plan.request,
-        "source": plan.source.origin,
+        "request": steps.request,
+        "source": steps.source.origin,
         "fingerprint": fingerprint,
         "quantized": quantized,
-        **({"draft_vocab": plan.draft.manifest_entry()} if plan.draft is not None else {}),
-        "files": {o.path: progress["files"][o.path] for o in sorted(plan.outputs, key=lambda o: o.path)},
+        **({"draft_vocab": steps.draft.manifest_entry()} if steps.draft is not None else {}),
+        "files": {o.path: progress["files"][o.path] for o in sorted(steps.outputs, key=lambda o: o.path)},
     }
     write_json_atomic(paths.staging / MANIFEST_NAME, manifest)
     crash_point("before-publish")

@@ -17,7 +17,7 @@ from typing import BinaryIO, Callable
 
 import numpy as np
 
-from hyperqwen.prepare.errors import CheckpointError
+from hyperqwen.prepare.errors import PrepareCheckpointError, QuantizationError
 from hyperqwen.prepare.safetensors_io import (
     FLOAT_DTYPES,
     STORAGE_DTYPES,
@@ -62,11 +62,11 @@ def quantized_outputs(info: TensorInfo) -> list[OutTensor]:
 
 def check_quantizable(info: TensorInfo) -> None:
     if info.dtype not in FLOAT_DTYPES or len(info.shape) != 2:
-        raise CheckpointError(
+        raise PrepareCheckpointError(
             f"{info.name}: expected a 2-D float weight to quantize, found {info.dtype}{list(info.shape)}",
             fix="this checkpoint does not have the expected layout; use the default MODEL_REPO")
     if info.shape[1] % GROUP_SIZE:
-        raise CheckpointError(
+        raise PrepareCheckpointError(
             f"{info.name}: input dimension {info.shape[1]} is not a multiple of the group size {GROUP_SIZE}")
 
 
@@ -113,6 +113,10 @@ class QuantStats:
     shape: tuple[int, ...]
     err_sq: float = 0.0
     ref_sq: float = 0.0
+    # The worst 128-group: relative error of its weights other than the largest one, and where it is.
+    worst_group_error: float = 0.0
+    worst_group_row: int = -1
+    worst_group_index: int = -1
 
     @property
     def rel_error(self) -> float:
@@ -146,7 +150,8 @@ def _numba_kernels():
         return out
 
     @numba.njit(cache=True, nogil=True)
-    def quantize_rows(wg, inv_scale, scale, out_u8, err_rows, ref_rows):  # pragma: no cover - compiled
+    def quantize_rows(wg, inv_scale, scale, amax, out_u8, err_rows, ref_rows, rest_err, rest_ref
+                      ):  # pragma: no cover - compiled
         rows, groups, size = wg.shape
         for i in range(rows):
             e = 0.0
@@ -154,15 +159,28 @@ def _numba_kernels():
             for g in range(groups):
                 s = scale[i, g]
                 inv = inv_scale[i, g]
+                m = amax[i, g]
                 eg = np.float32(0)
                 rg = np.float32(0)
+                reg = np.float32(0)
+                rrg = np.float32(0)
+                skipped = False
                 for k in range(size):
                     x = wg[i, g, k]
                     q = np.rint(x * inv)  # |x * inv| <= 127 (+ rounding): the scale was rounded up
                     d = x - q * s
-                    eg += d * d
-                    rg += x * x
-                    out_u8[i, g * size + k] = np.uint8(np.int32(q) + 128)
+                    dd = d * d
+                    xx = x * x
+                    eg += dd
+                    rg += xx
+                    if not skipped and abs(x) == m:
+                        skipped = True  # the group's largest weight: exact to half a step by construction
+                    else:
+                        reg += dd
+                        rrg += xx
+                    out_u8[i, g * size + k] = np.uint8(np.int32(q) + 128) if q == q else np.uint8(128)
+                rest_err[i, g] = reg
+                rest_ref[i, g] = rrg
                 e += eg
                 r += rg
             err_rows[i] = e
@@ -194,49 +212,108 @@ def kernels():
 FUSED_MIN_ELEMENTS = 16 << 20
 
 
+@dataclasses.dataclass
+class BlockResult:
+    packed: np.ndarray  # int32 [rows, cols / 4]
+    stored: np.ndarray  # scales in the stored dtype [rows, groups]
+    err_sq: float
+    ref_sq: float
+    rest_err: np.ndarray  # float32 [rows, groups]: squared error of each group's weights but its largest
+    rest_ref: np.ndarray  # float32 [rows, groups]: their squared norm
+    row_ref: np.ndarray  # float64 [rows]: squared norm of each row (non-finite when the row holds NaN/Inf)
+
+
 def quantize_block(w: np.ndarray, dtype: str, use_fused: bool = False
                    ) -> tuple[np.ndarray, np.ndarray, float, float]:
     """float32 rows -> (packed int32 rows, stored scales, error^2, reference^2)."""
+    block = quantize_block_stats(w, dtype, use_fused)
+    return block.packed, block.stored, block.err_sq, block.ref_sq
+
+
+def quantize_block_stats(w: np.ndarray, dtype: str, use_fused: bool = False) -> BlockResult:
+    """Quantize float32 rows and measure the error per tensor, per row and per 128-group."""
     rows, cols = w.shape
-    wg = w.reshape(rows, cols // GROUP_SIZE, GROUP_SIZE)
+    groups = cols // GROUP_SIZE
+    wg = w.reshape(rows, groups, GROUP_SIZE)
     fused = kernels() if use_fused else None
+    rest_err = np.empty((rows, groups), np.float32)
+    rest_ref = np.empty((rows, groups), np.float32)
     if fused is not None:
         group_amax, quantize_rows = fused
-        stored = np.empty((rows, cols // GROUP_SIZE), STORAGE_DTYPES[dtype])
+        stored = np.empty((rows, groups), STORAGE_DTYPES[dtype])
         out = np.empty((rows, cols), np.uint8)
         err_rows = np.empty(rows, np.float64)
         ref_rows = np.empty(rows, np.float64)
 
         def run(begin: int, end: int) -> None:  # the kernels release the GIL: row slices run in parallel
             part = wg[begin:end]
-            stored_part, scale = scales_from_amax(group_amax(part), dtype)
+            amax = group_amax(part)
+            stored_part, scale = scales_from_amax(amax, dtype)
             stored[begin:end] = stored_part
-            quantize_rows(part, np.float32(1) / scale, scale, out[begin:end], err_rows[begin:end],
-                          ref_rows[begin:end])
+            quantize_rows(part, np.float32(1) / scale, scale, amax, out[begin:end], err_rows[begin:end],
+                          ref_rows[begin:end], rest_err[begin:end], rest_ref[begin:end])
 
         workers = _pool()
         step = -(-rows // WORKERS)
-        list(workers.map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
-        return out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum())
-    stored, scale = group_scales(wg, dtype)
-    q = wg * (np.float32(1) / scale)[:, :, None]
-    np.rint(q, out=q)
-    q8 = q.astype(np.int8)
-    # Error of exactly what a reader will reconstruct: q * stored scale.
-    np.multiply(q, scale[:, :, None], out=q)
-    np.subtract(wg, q, out=q)
-    err_sq = float(np.einsum("ijk,ijk->", q, q, dtype=np.float64))
-    ref_sq = float(np.einsum("ijk,ijk->", wg, wg, dtype=np.float64))
+        with np.errstate(all="ignore"):  # NaN/Inf rows are reported by the caller, by name
+            list(workers.map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
+        return BlockResult(out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err,
+                           rest_ref, ref_rows)
+    with np.errstate(all="ignore"):
+        absw = np.abs(wg)
+        amax = absw.max(axis=2)
+        top = absw.argmax(axis=2)[:, :, None]
+        stored, scale = scales_from_amax(amax, dtype)
+        q = wg * (np.float32(1) / scale)[:, :, None]
+        np.rint(q, out=q)
+        q8 = q.astype(np.int8)  # NaN rows are refused by the caller
+        # Error of exactly what a reader will reconstruct: q * stored scale.
+        np.multiply(q, scale[:, :, None], out=q)
+        np.subtract(wg, q, out=q)
+        err_groups = np.einsum("ijk,ijk->ij", q, q)
+        row_ref = np.einsum("ij,ij->i", w, w, dtype=np.float64)
+        # The same sums without each group's largest weight (its error is at most half a step by construction).
+        np.put_along_axis(q, top, 0, axis=2)
+        np.einsum("ijk,ijk->ij", q, q, out=rest_err)
+        np.put_along_axis(absw, top, 0, axis=2)
+        np.einsum("ijk,ijk->ij", absw, absw, out=rest_ref)
+    err_sq = float(err_groups.sum(dtype=np.float64))
+    ref_sq = float(row_ref.sum())
     # q + 128 as uint8 == flipping the sign bit; 4 little-endian bytes per int32 == pack_to_int32.
     packed = (q8.view(np.uint8) ^ np.uint8(0x80)).reshape(rows, cols).view("<i4")
-    return packed, stored, err_sq, ref_sq
+    return BlockResult(packed, stored, err_sq, ref_sq, rest_err, rest_ref, row_ref)
+
+
+def group_rel_errors(rest_err: np.ndarray, rest_ref: np.ndarray) -> np.ndarray:
+    """Per-group relative error of the weights other than the largest; 0 where they are all zero."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.sqrt(rest_err / rest_ref)
+    return np.where(rest_ref > 0, rel, np.where(rest_err > 0, np.inf, 0.0))
+
+
+def _non_finite_error(name: str, w: np.ndarray, first_row: int) -> QuantizationError:
+    bad_rows = np.flatnonzero(~np.isfinite(w).all(axis=1))
+    if len(bad_rows):
+        row = int(bad_rows[0])
+        col = int(np.flatnonzero(~np.isfinite(w[row]))[0])
+        value = w[row, col]
+        return QuantizationError(
+            f"{name}: non-finite value {value} at row {first_row + row}, column {col} "
+            f"({len(bad_rows)} row(s) of this block affected)",
+            fix="the source checkpoint is corrupt or was saved with overflowing values; fetch it again or use another "
+                "checkpoint (prepare never writes NaN/Inf into a quantized tensor)")
+    return QuantizationError(f"{name}: the squared norm of a row starting at {first_row} overflows float32",
+                             fix="the weights are far outside any trained model's range; use another checkpoint")
 
 
 def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryview], None],
-                    block_bytes: int, on_block: Callable[[int], None] | None = None) -> QuantStats:
+                    block_bytes: int, on_block: Callable[[int], None] | None = None,
+                    max_group_rel_error: float = 1.0) -> QuantStats:
     """Stream `<module>.weight_packed`, then `weight_scale`, then `weight_shape` through `write`.
 
     Only the scales ([out, in/128], 1/64 of the weight in bf16) stay in memory for the whole tensor.
+    Raises QuantizationError naming the row for a non-finite value, and for the first 128-group whose weights
+    other than its largest are reconstructed with a relative error above `max_group_rel_error`.
     """
     check_quantizable(info)
     rows, cols = info.shape
@@ -248,11 +325,30 @@ def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryv
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
         w = read_rows_f32(handle, info, begin, end, buffer)
-        packed, stored, err_sq, ref_sq = quantize_block(w, info.dtype, info.numel >= FUSED_MIN_ELEMENTS)
-        stats.err_sq += err_sq
-        stats.ref_sq += ref_sq
-        write(memoryview(np.ascontiguousarray(packed)).cast("B"))
-        scale_parts.append(stored)
+        block = quantize_block_stats(w, info.dtype, info.numel >= FUSED_MIN_ELEMENTS)
+        if not np.isfinite(block.row_ref).all():
+            raise _non_finite_error(info.name, w, begin)
+        rel = group_rel_errors(block.rest_err, block.rest_ref)
+        worst = int(np.argmax(rel))
+        worst_rel = float(rel.flat[worst])
+        if worst_rel > stats.worst_group_error:
+            row, group = divmod(worst, rel.shape[1])
+            stats.worst_group_error = worst_rel
+            stats.worst_group_row, stats.worst_group_index = begin + row, group
+        if worst_rel > max_group_rel_error:
+            row, group = divmod(worst, rel.shape[1])
+            values = w[row, group * GROUP_SIZE:(group + 1) * GROUP_SIZE]
+            raise QuantizationError(
+                f"{info.name}: row {begin + row}, columns {group * GROUP_SIZE}..{(group + 1) * GROUP_SIZE - 1}: "
+                f"int8 group-128 loses {worst_rel * 100:.1f}% of the group's weights other than its largest "
+                f"(bound {max_group_rel_error * 100:.0f}% per group); the largest is {float(np.abs(values).max()):.4g}, "
+                f"the others' RMS {float(np.sqrt(np.mean(np.sort(np.abs(values))[:-1] ** 2))):.4g}",
+                fix="an outlier weight makes the other 127 of its group round to few levels or zero; keep this "
+                    "tensor in bf16 (use a checkpoint where it is already quantized) and report the model")
+        stats.err_sq += block.err_sq
+        stats.ref_sq += block.ref_sq
+        write(memoryview(np.ascontiguousarray(block.packed)).cast("B"))
+        scale_parts.append(block.stored)
         if on_block is not None:
             on_block((end - begin) * cols * (info.nbytes // info.numel))
     scales = np.concatenate(scale_parts, axis=0)

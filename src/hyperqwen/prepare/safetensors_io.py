@@ -2,8 +2,9 @@
 
 The safetensors library reads a tensor whole and `save_file` needs every tensor in memory; a 2.5 GB
 lm_head would then cost 2.5 GB+ of RAM. The format is simple (8-byte little-endian header length,
-a JSON header of dtype/shape/data_offsets, then raw little-endian data), so we read and write it
-directly with bounded buffers. Verification re-opens every output with `safetensors.safe_open`.
+a JSON header of dtype/shape/data_offsets, then raw little-endian data), so the data is read and written
+here with bounded buffers; headers are parsed by the one reader in `hyperqwen.formats.safetensors`.
+Verification re-opens every output with `safetensors.safe_open`.
 """
 
 from __future__ import annotations
@@ -17,74 +18,28 @@ from typing import BinaryIO
 
 import numpy as np
 
-from hyperqwen.prepare.errors import CheckpointError
+from hyperqwen.formats.safetensors import (
+    DTYPE_SIZES,
+    FLOAT_DTYPES,
+    SafetensorsError,
+    SafetensorsHeader,
+    TensorInfo,
+    read_header,
+)
+from hyperqwen.prepare.errors import PrepareCheckpointError
 
-DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-FLOAT_DTYPES = ("BF16", "F16", "F32")
-MAX_HEADER_BYTES = 100 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int  # absolute file offset of the first byte
-    nbytes: int
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+__all__ = ["DTYPE_SIZES", "FLOAT_DTYPES", "OutTensor", "SafetensorsHeader", "TensorInfo", "build_header",
+           "read_shard_header", "read_rows_f32"]
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardHeader:
-    path: Path
-    tensors: dict[str, TensorInfo]
-    metadata: dict[str, str]
-    file_size: int
 
-
-def read_header(path: Path) -> ShardHeader:
-    """Parse and sanity-check a shard's header (offsets inside the file, sizes match dtype x shape)."""
+def read_shard_header(path: Path, fix: str) -> SafetensorsHeader:
+    """The one header parser (formats/safetensors.py) with prepare's error type; `fix` says what to do about a
+    damaged file where it lies (a local source, a download, prepare's own output)."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            raw_len = handle.read(8)
-            if len(raw_len) != 8:
-                raise CheckpointError(f"{path}: too short to be a safetensors file ({size} bytes)",
-                                      fix="delete it and run prepare again to fetch it")
-            (header_len,) = struct.unpack("<Q", raw_len)
-            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-                raise CheckpointError(f"{path}: header length {header_len} does not fit the file ({size} bytes)",
-                                      fix="the file is truncated or not safetensors; delete it and run prepare again")
-            header = json.loads(handle.read(header_len))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: cannot read safetensors header ({exc})",
-                              fix="delete the file and run prepare again") from None
-    data_start = 8 + header_len
-    metadata = header.pop("__metadata__", None) or {}
-    tensors: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        dtype = entry.get("dtype")
-        shape = tuple(int(d) for d in entry.get("shape", ()))
-        begin, end = entry.get("data_offsets", (0, -1))
-        if dtype not in DTYPE_SIZES:
-            raise CheckpointError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
-        expected = DTYPE_SIZES[dtype]
-        for d in shape:
-            expected *= d
-        if end - begin != expected or begin < 0 or data_start + end > size:
-            raise CheckpointError(
-                f"{path}: tensor {name} ({dtype}{list(shape)}) has data_offsets {begin}..{end}, "
-                f"expected {expected} bytes inside a {size}-byte file",
-                fix="the shard is truncated or corrupt; delete it and run prepare again")
-        tensors[name] = TensorInfo(name, dtype, shape, data_start + begin, expected)
-    return ShardHeader(path, tensors, metadata, size)
+        return read_header(path)
+    except SafetensorsError as exc:
+        raise PrepareCheckpointError(str(exc), fix=fix) from None
 
 
 def bf16_to_f32(raw_u16: np.ndarray) -> np.ndarray:
@@ -128,7 +83,7 @@ def read_rows_f32(handle: BinaryIO, info: TensorInfo, row_begin: int, row_end: i
     handle.seek(info.begin + row_begin * cols * storage.itemsize)
     got = handle.readinto(memoryview(target).cast("B"))
     if got != count * storage.itemsize:
-        raise CheckpointError(f"{info.name}: short read ({got} of {count * storage.itemsize} bytes)",
+        raise PrepareCheckpointError(f"{info.name}: short read ({got} of {count * storage.itemsize} bytes)",
                               fix="the source shard is truncated; delete it and run prepare again")
     return from_float_bits(target, info.dtype).reshape(row_end - row_begin, cols)
 

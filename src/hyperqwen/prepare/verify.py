@@ -10,10 +10,10 @@ from hyperqwen.prepare.checkpoint import (
     INDEX_NAME,
     LM_HEAD_TARGET,
     OUR_GROUP,
-    Checkpoint,
+    CheckpointFiles,
     open_checkpoint,
 )
-from hyperqwen.prepare.errors import CheckpointError
+from hyperqwen.prepare.errors import PrepareCheckpointError
 
 THINK_TOKEN = "<think>"
 
@@ -33,7 +33,7 @@ def check_tokenizer(directory: Path, model_vocab: int | None = None) -> tuple[in
     """
     path = directory / "tokenizer.json"
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing: without it the tokenizer degrades to a tiny vocabulary",
+        raise PrepareCheckpointError(f"{path} is missing: without it the tokenizer degrades to a tiny vocabulary",
                               fix="the checkpoint is incomplete; run prepare again (or copy tokenizer.json into "
                                   "MODEL_SOURCE_DIR)")
     from tokenizers import Tokenizer
@@ -41,17 +41,17 @@ def check_tokenizer(directory: Path, model_vocab: int | None = None) -> tuple[in
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - any parse failure means an unusable tokenizer
-        raise CheckpointError(f"{path} does not load as a tokenizer ({exc})",
+        raise PrepareCheckpointError(f"{path} does not load as a tokenizer ({exc})",
                               fix="delete it and run prepare again") from None
     ids = tuple(tokenizer.encode(THINK_TOKEN, add_special_tokens=False).ids)
     if not ids:
-        raise CheckpointError(f"{path}: encoding {THINK_TOKEN!r} gave no token ids",
+        raise PrepareCheckpointError(f"{path}: encoding {THINK_TOKEN!r} gave no token ids",
                               fix="the tokenizer is broken; use the checkpoint's original tokenizer.json")
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if vocab <= 1:
-        raise CheckpointError(f"{path}: only {vocab} token(s) in the vocabulary", fix="use the checkpoint's tokenizer.json")
+        raise PrepareCheckpointError(f"{path}: only {vocab} token(s) in the vocabulary", fix="use the checkpoint's tokenizer.json")
     if model_vocab is not None and max(ids) >= model_vocab:
-        raise CheckpointError(f"{path}: {THINK_TOKEN!r} encodes to id {max(ids)}, outside the model's vocab_size "
+        raise PrepareCheckpointError(f"{path}: {THINK_TOKEN!r} encodes to id {max(ids)}, outside the model's vocab_size "
                               f"{model_vocab}", fix="the tokenizer belongs to another model; use the checkpoint's own")
     return ids
 
@@ -77,45 +77,45 @@ def _group_args(qc: dict, module: str) -> dict | None:
     return None
 
 
-def check_quantized_modules(ckpt: Checkpoint) -> int:
+def check_quantized_modules(ckpt: CheckpointFiles) -> int:
     qc = ckpt.config.get("quantization_config") or {}
     modules = sorted(n[: -len(".weight_packed")] for n in ckpt.weight_map if n.endswith(".weight_packed"))
     if modules and not qc:
-        raise CheckpointError(f"{ckpt.directory}/config.json has no quantization_config but "
+        raise PrepareCheckpointError(f"{ckpt.directory}/config.json has no quantization_config but "
                               f"{len(modules)} modules are packed (e.g. {modules[0]})")
     # Every module our group names must be quantized in the tensors, and vice versa for the whole config.
     ours = ((qc.get("config_groups") or {}).get(OUR_GROUP) or {}).get("targets") or []
     for target in ours:
         module = "lm_head" if target == LM_HEAD_TARGET else target
         if f"{module}.weight_packed" not in ckpt.weight_map:
-            raise CheckpointError(f"quantization_config group {OUR_GROUP} targets {target!r} but the checkpoint has "
+            raise PrepareCheckpointError(f"quantization_config group {OUR_GROUP} targets {target!r} but the checkpoint has "
                                   f"no {module}.weight_packed", fix="run prepare again to rebuild the model")
         if f"{module}.weight" in ckpt.weight_map:
-            raise CheckpointError(f"{module} has both a plain weight and weight_packed")
+            raise PrepareCheckpointError(f"{module} has both a plain weight and weight_packed")
     for module in modules:
         args = _group_args(qc, module)
         if args is None:
-            raise CheckpointError(f"{module} is packed but quantization_config does not target it (or ignores it)",
+            raise PrepareCheckpointError(f"{module} is packed but quantization_config does not target it (or ignores it)",
                                   fix="run prepare again to rebuild config.json")
         bits, group_size = int(args["num_bits"]), args.get("group_size") or 0
         packed = ckpt.tensor(f"{module}.weight_packed")
         scale = ckpt.tensor(f"{module}.weight_scale")
         shape_name = f"{module}.weight_shape"
         if shape_name not in ckpt.weight_map:
-            raise CheckpointError(f"{module}: weight_shape is missing")
+            raise PrepareCheckpointError(f"{module}: weight_shape is missing")
         rows = packed.shape[0]
         cols = packed.shape[1] * 32 // bits
         if packed.dtype != "I32":
-            raise CheckpointError(f"{module}.weight_packed is {packed.dtype}, compressed-tensors packs into I32")
+            raise PrepareCheckpointError(f"{module}.weight_packed is {packed.dtype}, compressed-tensors packs into I32")
         expected_groups = cols // group_size if group_size and group_size > 0 else 1
         if scale.shape != (rows, expected_groups):
-            raise CheckpointError(
+            raise PrepareCheckpointError(
                 f"{module}.weight_scale has shape {list(scale.shape)}, expected [{rows}, {expected_groups}] "
                 f"for {bits}-bit group {group_size} with weight_packed {list(packed.shape)}")
     return len(modules)
 
 
-def check_shapes_against_config(ckpt: Checkpoint) -> None:
+def check_shapes_against_config(ckpt: CheckpointFiles) -> None:
     text = ckpt.text_config
     vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
     for name in ("lm_head", "model.language_model.embed_tokens"):
@@ -128,16 +128,16 @@ def check_shapes_against_config(ckpt: Checkpoint) -> None:
         else:
             continue
         if vocab is not None and rows != vocab:
-            raise CheckpointError(f"{name} has {rows} rows but config vocab_size is {vocab}")
+            raise PrepareCheckpointError(f"{name} has {rows} rows but config vocab_size is {vocab}")
         if cols is not None and hidden is not None and cols != hidden:
-            raise CheckpointError(f"{name} has {cols} columns but config hidden_size is {hidden}")
+            raise PrepareCheckpointError(f"{name} has {cols} columns but config hidden_size is {hidden}")
     mtp_layers = int(text.get("mtp_num_hidden_layers") or 0)
     if mtp_layers and not any(n.startswith("mtp.") for n in ckpt.weight_map):
-        raise CheckpointError(f"config.json says mtp_num_hidden_layers={mtp_layers} but there are no mtp.* tensors",
+        raise PrepareCheckpointError(f"config.json says mtp_num_hidden_layers={mtp_layers} but there are no mtp.* tensors",
                               fix="the MTP head is missing; use the full checkpoint")
 
 
-def check_index_against_shards(ckpt: Checkpoint) -> int:
+def check_index_against_shards(ckpt: CheckpointFiles) -> int:
     """Every tensor the index names is in its shard, and each shard holds only indexed tensors."""
     count = 0
     for shard, header in ckpt.headers.items():
@@ -145,16 +145,16 @@ def check_index_against_shards(ckpt: Checkpoint) -> int:
         present = set(header.tensors)
         if named - present:
             missing = sorted(named - present)
-            raise CheckpointError(f"{INDEX_NAME} names {len(missing)} tensors missing from {shard}, e.g. {missing[0]}",
+            raise PrepareCheckpointError(f"{INDEX_NAME} names {len(missing)} tensors missing from {shard}, e.g. {missing[0]}",
                                   fix="run prepare again to rebuild the model")
         if present - named:
             extra = sorted(present - named)
-            raise CheckpointError(f"{shard} holds {len(extra)} tensors the index does not name, e.g. {extra[0]}")
+            raise PrepareCheckpointError(f"{shard} holds {len(extra)} tensors the index does not name, e.g. {extra[0]}")
         count += len(named)
     return count
 
 
-def check_with_safetensors(ckpt: Checkpoint) -> None:
+def check_with_safetensors(ckpt: CheckpointFiles) -> None:
     """Re-open every shard with the safetensors library: independent of our own header parser."""
     from safetensors import safe_open
 
@@ -163,23 +163,23 @@ def check_with_safetensors(ckpt: Checkpoint) -> None:
             with safe_open(str(ckpt.directory / shard), framework="numpy") as handle:
                 keys = set(handle.keys())
                 if keys != set(header.tensors):
-                    raise CheckpointError(f"{shard}: safetensors sees {len(keys)} tensors, the header parser "
+                    raise PrepareCheckpointError(f"{shard}: safetensors sees {len(keys)} tensors, the header parser "
                                           f"{len(header.tensors)}")
                 for name, info in header.tensors.items():
                     piece = handle.get_slice(name)
                     if piece.get_dtype() != info.dtype or tuple(piece.get_shape()) != info.shape:
-                        raise CheckpointError(f"{shard}: {name} is {piece.get_dtype()}{piece.get_shape()}, expected "
+                        raise PrepareCheckpointError(f"{shard}: {name} is {piece.get_dtype()}{piece.get_shape()}, expected "
                                               f"{info.dtype}{list(info.shape)}")
-        except CheckpointError:
+        except PrepareCheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - the library's own parse errors
-            raise CheckpointError(f"{ckpt.directory / shard}: safetensors cannot open it ({exc})",
+            raise PrepareCheckpointError(f"{ckpt.directory / shard}: safetensors cannot open it ({exc})",
                                   fix="run prepare again to rebuild the model") from None
 
 
 def verify_checkpoint(directory: Path, expected_dtypes: dict[str, tuple[str, tuple[int, ...]]] | None = None
                       ) -> VerifyReport:
-    """Everything a server start needs from the files; raises CheckpointError naming the first problem.
+    """Everything a server start needs from the files; raises PrepareCheckpointError naming the first problem.
 
     expected_dtypes: tensor name -> (dtype, shape) that must match exactly (prepare passes its plan).
     """
@@ -189,11 +189,11 @@ def verify_checkpoint(directory: Path, expected_dtypes: dict[str, tuple[str, tup
         names = set(ckpt.weight_map)
         if names != set(expected_dtypes):
             diff = sorted(names ^ set(expected_dtypes))
-            raise CheckpointError(f"{directory}: tensor set differs from the plan, e.g. {diff[0]}")
+            raise PrepareCheckpointError(f"{directory}: tensor set differs from the plan, e.g. {diff[0]}")
         for name, (dtype, shape) in expected_dtypes.items():
             info = ckpt.tensor(name)
             if (info.dtype, info.shape) != (dtype, shape):
-                raise CheckpointError(f"{name} is {info.dtype}{list(info.shape)}, expected {dtype}{list(shape)}")
+                raise PrepareCheckpointError(f"{name} is {info.dtype}{list(info.shape)}, expected {dtype}{list(shape)}")
     check_with_safetensors(ckpt)
     quantized = check_quantized_modules(ckpt)
     check_shapes_against_config(ckpt)

@@ -13,6 +13,16 @@ GET /_truth, so the truth is what the server actually did, not what it meant to.
 
 It runs in its own process (python fake_openai.py CONFIG_JSON): a server thread inside the test process
 would fight the harness for the GIL and add its own delays to every measurement.
+
+What it answers (`mode`), so the gates can be shown failing and passing:
+- "count": the words w0 w1 w2 ... up to max_tokens (the timing tests);
+- "junk": random words, different on every request (a broken drafter or batch path);
+- "echo": the prompt back (must not pass the needle or any answer check);
+- "error": HTTP 500 for every generation request;
+- "oracle": the first of `rules` ([regex, template]) that matches the last user message, expanded with the
+  match's groups (a correct server, for the answers the tests set up); "count" when none matches.
+`send_usage` false drops the usage chunk (a server ignoring stream_options); `tokenize` false removes
+/tokenize (a non-vLLM server). Every reply is streamed in the same timing model, one word per token.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -44,6 +55,12 @@ class FakeConfig:
     # Counters as a long-running server would have them before the bench starts.
     baseline_drafts: int = 1000
     baseline_accepted: tuple = (700, 450, 200)
+    mode: str = "count"
+    rules: list = field(default_factory=list)
+    send_usage: bool = True
+    tokenize: bool = True
+    max_model_len: int = 1 << 20
+    environment: dict | None = None  # served at /hyperqwen/environment (with the key) when set
 
 
 @dataclass
@@ -94,7 +111,31 @@ class FakeOpenAIServer:
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": {"message": "Unauthorized"}}, status=401)
-        return web.json_response({"object": "list", "data": [{"id": self.config.model, "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": self.config.model, "object": "model",
+                                                               "max_model_len": self.config.max_model_len}]})
+
+    async def environment(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        if self.config.environment is None:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return web.json_response(self.config.environment)
+
+    def reply_words(self, content: str) -> list[str] | None:
+        """The reply as word tokens (whitespace kept, so joined they are the reply); None: count mode."""
+        mode = self.config.mode
+        if mode == "junk":
+            rng = random.Random()  # unseeded: a different answer every time, like garbage under load
+            return [f"{rng.choice(['lorem', 'ipsum', 'dolor', 'sit', 'amet', '42', 'the'])} "
+                    for _ in range(rng.randint(3, 40))]
+        if mode == "echo":
+            return re.findall(r"\S+\s*", content)
+        if mode == "oracle":
+            for pattern, template in self.config.rules:
+                match = re.search(pattern, content, flags=re.DOTALL)
+                if match:
+                    return re.findall(r"\S+\s*", match.expand(template)) or [""]
+        return None
 
     async def truth_view(self, request: web.Request) -> web.Response:
         return web.json_response({tag: asdict(t) for tag, t in self.truth.items()})
@@ -109,6 +150,8 @@ class FakeOpenAIServer:
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        if not self.config.tokenize:
+            return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.json()
         if "messages" in body:  # vLLM's chat form: the template adds TEMPLATE_TOKENS
             count = sum(len(m["content"]) for m in body["messages"]) // 4 + TEMPLATE_TOKENS
@@ -121,10 +164,19 @@ class FakeOpenAIServer:
         if not self._authorized(request):
             return web.json_response({"error": {"message": "Unauthorized"}}, status=401)
         body = await request.json()
+        if self.config.mode == "error":
+            return web.json_response({"error": {"message": "internal error (fake)"}}, status=500)
         content = body["messages"][0]["content"]
+        words = self.reply_words(body["messages"][-1]["content"])
         tag = content.splitlines()[0]  # the harness's salt line identifies the request
         rng = random.Random(f"{self.config.seed}:{tag}")
         max_tokens = int(body.get("max_tokens") or 16)
+        if words is not None:
+            max_tokens = min(max_tokens, len(words))
+
+        def token(i: int) -> str:
+            return f"w{i} " if words is None else words[i]
+
         truth = RequestTruth(tag=tag, t_received=t_received, prompt_tokens=len(content) // 4 + TEMPLATE_TOKENS,
                              accepted_per_pos=[0] * self.config.num_spec_tokens)
         self.truth[tag] = truth
@@ -140,7 +192,7 @@ class FakeOpenAIServer:
         deadline = t_received + cfg.ttft_s * (1 + rng.uniform(-cfg.jitter, cfg.jitter))
         await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
         truth.t_writes.append(time.perf_counter())
-        await response.write(chunk("w0 "))
+        await response.write(chunk(token(0)))
         truth.tokens = 1
         while truth.tokens < max_tokens:
             accepted = 0
@@ -161,12 +213,13 @@ class FakeOpenAIServer:
                 truth.accepted_per_pos[pos] += 1
             truth.steps += 1
             truth.t_writes.append(time.perf_counter())
-            await response.write(chunk("".join(f"w{truth.tokens + i} " for i in range(emitted))))
+            await response.write(chunk("".join(token(truth.tokens + i) for i in range(emitted))))
             truth.tokens += emitted
         final = {"id": "fake", "object": "chat.completion.chunk", "model": cfg.model,
-                 "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+                 "choices": [{"index": 0, "delta": {},
+                              "finish_reason": "length" if words is None or truth.tokens < len(words) else "stop"}]}
         await response.write(f"data: {json.dumps(final)}\n\n".encode())
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if cfg.send_usage and (body.get("stream_options") or {}).get("include_usage"):
             usage = {"id": "fake", "object": "chat.completion.chunk", "model": cfg.model, "choices": [],
                      "usage": {"prompt_tokens": truth.prompt_tokens, "completion_tokens": truth.tokens,
                                "total_tokens": truth.prompt_tokens + truth.tokens}}
@@ -182,7 +235,7 @@ class FakeOpenAIServer:
         app.add_routes([web.get("/v1/models", self.models), web.get("/version", self.version),
                         web.get("/metrics", self.metrics), web.post("/tokenize", self.tokenize),
                         web.post("/v1/chat/completions", self.chat), web.get("/_truth", self.truth_view),
-                        web.get("/_clock", self.clock)])
+                        web.get("/_clock", self.clock), web.get("/hyperqwen/environment", self.environment)])
         return app
 
 

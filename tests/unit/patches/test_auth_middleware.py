@@ -7,11 +7,15 @@ tests/integration/patched/test_patched_auth.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 KEY = "hq-unit-key-0123456789"
 OTHER_KEY = "hq-unit-second-key"
@@ -23,16 +27,34 @@ def _ok(request):
     return PlainTextResponse("ok:" + request.url.path)
 
 
-def make_client(auth_module, monkeypatch, metrics_public: str | None = None, root_path: str = "") -> TestClient:
+async def _metrics_app(scope, receive, send):
+    """Like prometheus_client's make_asgi_app: answers every method and path it is given."""
+    await PlainTextResponse("vllm:secret_counter 1\n")(scope, receive, send)
+
+
+def make_client(auth_module, monkeypatch, metrics_public: str | None = None, root_path: str = "",
+                cors_origins: list[str] | None = None) -> TestClient:
     if metrics_public is None:
         monkeypatch.delenv(auth_module.METRICS_PUBLIC_ENV, raising=False)
     else:
         monkeypatch.setenv(auth_module.METRICS_PUBLIC_ENV, metrics_public)
     routes = [Route(p, _ok, methods=["GET", "POST"]) for p in PATHS if p not in ("/metrics", "/metrics/")]
-    routes.append(Mount("/metrics", app=Starlette(routes=[Route("/", _ok)])))
+    routes.append(WebSocketRoute("/v1/realtime", _ws_echo))
+    metrics = Mount("/metrics", app=_metrics_app)
+    metrics.path_regex = re.compile("^/metrics(?P<path>.*)$")  # as vLLM's instrumentator/metrics.py mounts it
+    routes.append(metrics)
     app = Starlette(routes=routes)
-    app.add_middleware(auth_module.AuthenticationMiddleware, tokens=[KEY, OTHER_KEY])
+    # The order vLLM's register.py adds them: CORS first, so the auth middleware runs before it.
+    app.add_middleware(CORSMiddleware, allow_origins=cors_origins or [], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(auth_module.AuthenticationMiddleware, tokens=[KEY, OTHER_KEY],
+                       cors_origins=cors_origins or [])
     return TestClient(app, root_path=root_path, raise_server_exceptions=True)
+
+
+async def _ws_echo(websocket):
+    await websocket.accept()
+    await websocket.send_text("hello")
+    await websocket.close()
 
 
 pytestmark = pytest.mark.needs_patch("0001-auth-accept-x-api-key.patch", "0002-auth-guard-every-route.patch")
@@ -102,7 +124,58 @@ def test_root_path_is_stripped_before_matching(auth_module, monkeypatch):
     assert client.get("/api/invocations").status_code == 401
 
 
-def test_options_preflight_is_not_challenged(auth_module, monkeypatch):
-    # Unchanged upstream behaviour: browsers send CORS preflights without credentials.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "PROPFIND")
+PREFLIGHT = {"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/", "/metricsX", "/metrics/x/y", "/v1/models", "/invocations"])
+def test_every_method_needs_the_key(auth_module, monkeypatch, method, path):
+    """OPTIONS /metrics used to return the whole Prometheus page: no method is special without CORS."""
     client = make_client(auth_module, monkeypatch)
-    assert client.options("/v1/models").status_code != 401
+    for headers in ({}, PREFLIGHT, {"Authorization": "Bearer wrong"}):
+        response = client.request(method, path, headers=headers)
+        assert response.status_code == 401, (method, path, headers, response.status_code)
+        assert b"secret_counter" not in response.content
+    assert client.request(method, path, headers={"x-api-key": KEY}).status_code != 401
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/", "/metricsX", "/metrics/x/y"])
+def test_metrics_public_covers_every_method_and_path_of_the_mount(auth_module, monkeypatch, method, path):
+    client = make_client(auth_module, monkeypatch, metrics_public="1")
+    assert client.request(method, path).status_code == 200
+
+
+def test_preflight_passes_only_with_cors_configured_and_never_carries_a_body(auth_module, monkeypatch):
+    client = make_client(auth_module, monkeypatch, cors_origins=["https://app.example"])
+    for path in ("/metrics", "/v1/models", "/invocations"):
+        allowed = client.options(path, headers={**PREFLIGHT, "Origin": "https://app.example"})
+        assert allowed.status_code == 200, path
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+        assert allowed.content == b"" and allowed.headers["content-length"] == "0"
+        other = client.options(path, headers=PREFLIGHT)  # an origin CORS does not allow: refused, no body
+        assert other.status_code == 400 and other.content == b""
+        # Not a preflight (no Access-Control-Request-Method): an OPTIONS like any other method.
+        assert client.options(path, headers={"Origin": "https://app.example"}).status_code == 401
+        assert client.options(path).status_code == 401
+
+
+@pytest.mark.parametrize("path", ["//metrics", "/METRICS", "/Health", "/health/", "/health;x", "/ping/..",
+                                  "/v1/../metrics", "/%2Fmetrics", "/health%2F..%2Fmetrics", "/health/../metrics"])
+def test_path_tricks_are_not_open(auth_module, monkeypatch, path):
+    """Only exact route paths are open; the HTTP-level probe of the live server is in
+    tests/integration/test_server_auth.py."""
+    client = make_client(auth_module, monkeypatch)
+    response = client.get(path)
+    assert response.status_code in (401, 404), (path, response.status_code)
+    assert b"secret_counter" not in response.content
+
+
+def test_refused_websocket_is_closed_before_accept(auth_module, monkeypatch):
+    client = make_client(auth_module, monkeypatch)
+    with pytest.raises(WebSocketDisconnect) as refused, client.websocket_connect("/v1/realtime"):
+        pass
+    assert refused.value.code == auth_module.WS_POLICY_VIOLATION
+    with client.websocket_connect("/v1/realtime", headers={"x-api-key": KEY}) as ws:
+        assert ws.receive_text() == "hello"

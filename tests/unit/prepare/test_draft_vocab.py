@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from hyperqwen.prepare import draft_vocab as dv
 from hyperqwen.prepare.checkpoint import open_checkpoint
-from hyperqwen.prepare.errors import CheckpointError, PrepareError
+from hyperqwen.prepare.errors import PrepareCheckpointError, PrepareError
 from hyperqwen.prepare.pipeline import MANIFEST_NAME, prepare
 from hyperqwen.prepare.quantize import dequantize
 from hyperqwen.prepare.safetensors_io import bf16_to_f32
@@ -222,16 +222,16 @@ def test_verify_rejects_inconsistent_draft_vocab(pristine_source, models_dir, ma
     broken[dv.D2T] = ids - torch.arange(16)
     (out / dv.DRAFT_FILE).unlink()  # a hard link may share the inode with nothing, but never write through one
     save_file(broken, str(out / dv.DRAFT_FILE), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="strictly increasing"):
+    with pytest.raises(PrepareCheckpointError, match="strictly increasing"):
         verify_checkpoint(out)
     config = json.loads((out / "config.json").read_text())
     config["text_config"][dv.CONFIG_KEY] = 17
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"mtp.d2t is I64\[16\], expected I64\[17\]"):
+    with pytest.raises(PrepareCheckpointError, match=r"mtp.d2t is I64\[16\], expected I64\[17\]"):
         verify_checkpoint(out)
     del config["text_config"][dv.CONFIG_KEY]
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="has no mtp_draft_vocab_size"):
+    with pytest.raises(PrepareCheckpointError, match="has no mtp_draft_vocab_size"):
         verify_checkpoint(out)
 
 

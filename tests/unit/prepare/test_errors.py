@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from hyperqwen.prepare.errors import CheckpointError, DiskSpaceError, PrepareError
+from hyperqwen.prepare.errors import PrepareCheckpointError, DiskSpaceError, PrepareError
 from hyperqwen.prepare.pipeline import StatePaths, _locked, prepare
 
 
@@ -20,7 +20,7 @@ def test_other_architecture_is_refused(source, models_dir, make_options):
     config["architectures"], config["model_type"] = ["LlamaForCausalLM"], "llama"
     (source / "config.json").write_text(json.dumps(config))
     options = make_options(source, models_dir)
-    with pytest.raises(CheckpointError) as info:
+    with pytest.raises(PrepareCheckpointError) as info:
         prepare(options)
     message = str(info.value)
     assert "LlamaForCausalLM" in message and "'llama'" in message and "Qwen3_5ForConditionalGeneration" in message
@@ -31,14 +31,14 @@ def test_other_architecture_is_refused(source, models_dir, make_options):
 def test_missing_tokenizer_json_is_refused(source, models_dir, make_options):
     (source / "tokenizer.json").unlink()
     options = make_options(source, models_dir)
-    with pytest.raises(CheckpointError, match=r"tokenizer\.json is missing"):
+    with pytest.raises(PrepareCheckpointError, match=r"tokenizer\.json is missing"):
         prepare(options)
     _assert_nothing_published(options)
 
 
 def test_broken_tokenizer_is_refused(source, models_dir, make_options):
     (source / "tokenizer.json").write_text('{"not": "a tokenizer"}')
-    with pytest.raises(CheckpointError, match="does not load as a tokenizer"):
+    with pytest.raises(PrepareCheckpointError, match="does not load as a tokenizer"):
         prepare(make_options(source, models_dir))
 
 
@@ -50,7 +50,7 @@ def test_missing_config_is_refused(source, models_dir, make_options):
 
 def test_missing_shard_is_named(source, models_dir, make_options):
     (source / "model-00003-of-00003.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"model-00003-of-00003\.safetensors is missing"):
+    with pytest.raises(PrepareCheckpointError, match=r"model-00003-of-00003\.safetensors is missing"):
         prepare(make_options(source, models_dir))
 
 
@@ -58,7 +58,7 @@ def test_truncated_shard_is_named(source, models_dir, make_options):
     shard = source / "model-00002-of-00003.safetensors"
     with open(shard, "r+b") as handle:
         handle.truncate(shard.stat().st_size - 1000)
-    with pytest.raises(CheckpointError) as info:
+    with pytest.raises(PrepareCheckpointError) as info:
         prepare(make_options(source, models_dir))
     assert "model-00002-of-00003.safetensors" in str(info.value) and "truncated" in str(info.value)
 
@@ -67,7 +67,7 @@ def test_index_naming_a_tensor_the_shard_lacks(source, models_dir, make_options)
     index = json.loads((source / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.language_model.layers.99.mlp.up_proj.weight"] = "model-00001-of-00003.safetensors"
     (source / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match="names 1 tensors missing from model-00001"):
+    with pytest.raises(PrepareCheckpointError, match="names 1 tensors missing from model-00001"):
         prepare(make_options(source, models_dir))
 
 
@@ -75,7 +75,7 @@ def test_quantization_config_of_another_method_is_refused(source, models_dir, ma
     config = json.loads((source / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     (source / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="quant_method is 'gptq'"):
+    with pytest.raises(PrepareCheckpointError, match="quant_method is 'gptq'"):
         prepare(make_options(source, models_dir))
 
 
@@ -165,7 +165,7 @@ def test_verify_catches_a_config_that_no_longer_targets_the_int8_tensors(prepare
     from hyperqwen.prepare.verify import verify_checkpoint
 
     _edit_config(prepared_copy, lambda c: c["quantization_config"]["config_groups"].pop("hyperqwen_int8_g128"))
-    with pytest.raises(CheckpointError, match="is packed but quantization_config does not target it"):
+    with pytest.raises(PrepareCheckpointError, match="is packed but quantization_config does not target it"):
         verify_checkpoint(prepared_copy)
 
 
@@ -176,7 +176,7 @@ def test_verify_catches_a_group_size_that_disagrees_with_the_scales(prepared_cop
         config["quantization_config"]["config_groups"]["hyperqwen_int8_g128"]["weights"]["group_size"] = 64
 
     _edit_config(prepared_copy, edit)
-    with pytest.raises(CheckpointError, match=r"weight_scale has shape \[\d+, \d+\], expected"):
+    with pytest.raises(PrepareCheckpointError, match=r"weight_scale has shape \[\d+, \d+\], expected"):
         verify_checkpoint(prepared_copy)
 
 
@@ -184,7 +184,7 @@ def test_verify_catches_a_vocab_size_that_disagrees_with_lm_head(prepared_copy):
     from hyperqwen.prepare.verify import verify_checkpoint
 
     _edit_config(prepared_copy, lambda c: c["text_config"].update(vocab_size=999))
-    with pytest.raises(CheckpointError, match="lm_head has 1024 rows but config vocab_size is 999"):
+    with pytest.raises(PrepareCheckpointError, match="lm_head has 1024 rows but config vocab_size is 999"):
         verify_checkpoint(prepared_copy)
 
 
@@ -196,5 +196,5 @@ def test_verify_catches_a_missing_mtp_head(prepared_copy):
     (prepared_copy / "model-00003-of-00003.safetensors").unlink()  # the MTP shard
     index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
     index_path.write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match="no mtp"):
+    with pytest.raises(PrepareCheckpointError, match="no mtp"):
         verify_checkpoint(prepared_copy)

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from hyperqwen.prepare.checkpoint import LM_HEAD_TARGET, OUR_GROUP
 from hyperqwen.prepare.pipeline import MANIFEST_NAME, StatePaths, prepare
-from hyperqwen.prepare.safetensors_io import read_header
+from hyperqwen.formats.safetensors import read_header
 from hyperqwen.prepare.verify import verify_checkpoint
 
 MTP_LINEARS = ["mtp.fc"] + [f"mtp.layers.0.self_attn.{p}_proj" for p in "qkvo"] + [

@@ -11,10 +11,13 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import jinja2
 import pytest
 
 from support import testmodels
+
+from support.tools import import_or_missing
+
+jinja2 = import_or_missing("jinja2", "pip install jinja2 (vLLM's requirements bring it)")
 
 
 # --- cache protocol ------------------------------------------------------------------------------------
@@ -189,7 +192,6 @@ def _parse(argv):
 def test_cli_parses_test_models_options():
     args = _parse(["--out", "/tmp/x", "--only", "tiny-qwen"])
     assert (args.out, args.only, args.force) == ("/tmp/x", "tiny-qwen", False)
-    assert callable(args.func)
 
 
 def test_cli_rejects_unknown_model():

@@ -78,3 +78,57 @@ def test_warning_for_misspelled_knob_reaches_the_user(tmp_path):
 def test_bad_command_line_is_a_clean_error(tmp_path, args):
     result = hyperqwen("serve", "--print", *args, cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+# --- one way through: what --print shows is what the exec runs -------------------------------------------
+
+def _printed_and_executed(tmp_path, capsys, argv, environ, gpu):
+    """Run `serve --print` and `serve` (exec replaced by a recorder) on the same inputs; return both argvs."""
+    import shlex
+
+    from hyperqwen.cli import build_parser
+    from hyperqwen.launch import serve
+
+    def parse(words):
+        return build_parser("serve").parse_args(["serve", *words])
+
+    assert serve.run(parse(["--print", *argv]), environ, gpu_reader=lambda: gpu) == 0
+    printed = capsys.readouterr().out
+    words = shlex.split(printed.replace("\\\n", " "))
+    executed: list = []
+    code = serve.run(parse(argv), environ, gpu_reader=lambda: gpu,
+                     execve=lambda path, args, env: executed.append((path, args, env)))
+    assert code == 0 and len(executed) == 1
+    path, args, env = executed[0]
+    assert path == args[0]
+    return tuple(words[words.index(args[0]):]), tuple(args), env, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["fits", "shortened"])
+def test_print_and_exec_run_the_same_argv(tmp_path, capsys, monkeypatch, case):
+    from pathlib import Path
+
+    from hyperqwen.config.settings import resolve_settings
+    from hyperqwen.config.sizes import GiB
+    from hyperqwen.memory import GpuFacts, plan_memory
+
+    monkeypatch.chdir(tmp_path)  # no stray ./.env
+    fixtures = Path(__file__).parents[1] / "memory" / "data"
+    environ = {"MODELS_DIR": str(fixtures), "MODEL": "qwen3.8-27b-prepared", "VLLM_API_KEY": KEY}
+    settings = resolve_settings(environ, mode="single")
+    gpu = GpuFacts.nominal(80 * GiB)
+    if case == "shortened":  # the smallest card on which the 64k default is cut
+        for quarter in range(12 * 4, 96 * 4):
+            gpu = GpuFacts.nominal(int(quarter / 4 * GiB))
+            budget = plan_memory(settings, gpu)
+            if not budget.fits and budget.largest_fitting_max_len:
+                break
+    printed, executed, env, err = _printed_and_executed(tmp_path, capsys, ["--mode", "single"], environ, gpu)
+    assert printed == executed
+    max_len = int(executed[executed.index("--max-model-len") + 1])
+    if case == "shortened":
+        assert max_len < 65536 and f"MAX_LEN={max_len}" in err
+    else:
+        assert max_len == 65536
+    assert "memory plan:" in err and KEY not in err
+    assert env["VLLM_API_KEY"] == KEY

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KV_DTYPES
-from hyperqwen.launch.command import VLLM_SERVER_MODULE, build_plan
+from hyperqwen.launch.command import VLLM_SERVER_MODULE, build_command
 from hyperqwen.config.settings import SettingsError, resolve_settings
 
 KEY = "sk-test-0123456789abcdef"
 
 
 def plan_for(environ=None, mode="single", api_key=None, **kwargs):
-    return build_plan(resolve_settings(environ or {}, mode=mode), api_key=api_key, python="python3", **kwargs)
+    return build_command(resolve_settings(environ or {}, mode=mode), api_key=api_key, python="python3", **kwargs)
 
 
 def flag_value(argv, flag):
@@ -110,8 +110,8 @@ def test_memory_knobs_map_to_flags():
 
 
 def test_extra_args_come_last():
-    argv = plan_for({"EXTRA_ARGS": "--enforce-eager --max-num-seqs 1"}).vllm_args
-    assert argv[-3:] == ("--enforce-eager", "--max-num-seqs", "1")
+    argv = plan_for({"EXTRA_ARGS": "--enforce-eager --max-log-len 1"}).vllm_args
+    assert argv[-3:] == ("--enforce-eager", "--max-log-len", "1")
 
 
 def test_api_key_goes_through_environment_never_argv():
