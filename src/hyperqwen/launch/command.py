@@ -53,7 +53,12 @@ class VllmCommand:
         return " \\\n    ".join(shlex.join(group) for group in groups)
 
     def masked_env(self) -> dict[str, str]:
-        return {name: (MASK if name in SECRET_ENV else value) for name, value in self.env.items()}
+        """Values safe to print: secrets, names with KEY/TOKEN/SECRET/PASSWORD, near misses of a secret knob
+        and variables outside the known settings families (a `.env` may pass anything through) are masked."""
+        from hyperqwen.config.apikey import shown_in_clear
+
+        return {name: (MASK if name in SECRET_ENV or not shown_in_clear(name) else value)
+                for name, value in self.env.items()}
 
 
 def configured_max_model_len(settings: Settings) -> int:

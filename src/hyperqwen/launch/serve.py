@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Problem, Settings, SettingsError
@@ -64,6 +64,8 @@ def explain(launch: Launch) -> str:
         rows.append((knob.name, value + note, setting.source))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{name:<{widths[0]}}  {value:<{widths[1]}}  {source}" for name, value, source in rows]
+    # Where the key comes from (a file path, never the key): VLLM_API_KEY alone says "(unset)" when it is a file.
+    lines += ["", f"API key: {describe_api_key(settings)}"]
     lines += ["", f"KV cache dtype: {launch.command.kv_cache_dtype}; max model length: {launch.command.max_model_len}",
               launch.budget.summary(), *launch.budget.notes]
     lines += [f"{problem}" for problem in settings.problems]

@@ -66,3 +66,21 @@ def fake_openai_server():
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def fake_server_factory():
+    """Start fake servers with FakeConfig overrides (mode, rules, send_usage, ...); all stopped at the end."""
+    started: list[FakeServerHandle] = []
+
+    def start(**overrides) -> FakeServerHandle:
+        # Fast timing: these tests check answers and exit codes, not timing accuracy.
+        server = FakeServerHandle(FakeConfig(**{"ttft_s": 0.02, "step_s": 0.002, **overrides}))
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

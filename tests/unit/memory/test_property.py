@@ -1,41 +1,68 @@
-"""Property: whatever valid knobs and card, a plan that says it fits never exceeds the card."""
+"""Properties: a plan that says it fits never exceeds the card; more card or a shorter context never fits less."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hyperqwen.memory import GpuFacts, MemoryKnobs, plan_memory
-from hyperqwen.memory.budget import GiB, MiB
-from hyperqwen.memory.kvcache import SUPPORTED_KV_DTYPES
+from hyperqwen.config.knobs import KV_DTYPES
+from hyperqwen.config.settings import resolve_settings
+from hyperqwen.config.sizes import GiB, MiB
+from hyperqwen.memory import GpuFacts, Outcome, plan_memory
 
-knobs = st.builds(
-    lambda kv, state, spec_k, prefix, max_len, seqs, pool, util, batched, vision: MemoryKnobs(
-        kv_cache_dtype=kv, state_dtype=state, spec_method="mtp" if spec_k else "none",
-        num_speculative_tokens=spec_k, prefix_caching=prefix, max_model_len=max_len, max_num_seqs=seqs,
-        kv_cache_memory_bytes=pool, gpu_memory_utilization=util if pool is None else None,
-        max_num_batched_tokens=batched, language_model_only=not vision),
-    st.sampled_from(SUPPORTED_KV_DTYPES), st.sampled_from(("auto", "float16", "float32", "bfloat16")),
-    st.integers(0, 8), st.booleans(), st.one_of(st.none(), st.integers(256, 262144)), st.integers(1, 256),
-    st.one_of(st.none(), st.integers(64 * MiB, 40 * GiB)), st.floats(0.5, 0.99), st.integers(256, 32768),
-    st.booleans())
+knob_env = st.fixed_dictionaries({
+    "KV": st.sampled_from(tuple(KV_DTYPES)),
+    "STATE_DTYPE": st.sampled_from(("auto", "float16", "float32")),
+    "SPEC": st.sampled_from(("none", "mtp")),
+    "DRAFT_TOKENS": st.integers(1, 8).map(str),
+    "PREFIX_CACHE": st.booleans().map(str),
+    "MAX_LEN": st.integers(256, 262144).map(str),
+    "MAX_SEQS": st.integers(1, 256).map(str),
+    "KV_MEM": st.one_of(st.just(""), st.integers(64 * MiB, 40 * GiB).map(str)),
+    "GPU_UTIL": st.floats(0.5, 0.99).map(lambda x: f"{x:.3f}"),
+    "MAX_BATCHED_TOKENS": st.integers(256, 32768).map(str),
+    "VISION": st.booleans().map(str),
+})
 cards = st.tuples(st.sampled_from((12, 16, 24, 32, 48)), st.integers(0, 4 * 1024), st.booleans())
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(k=knobs, card=cards)
-def test_a_fitting_plan_never_exceeds_the_card(qwen38, qwen38_dir, k, card):
+def _plan(qwen38, env, gpu, **kwargs):
+    return plan_memory(resolve_settings(env, mode="batch"), gpu, checkpoint=qwen38, **kwargs)
+
+
+@SETTINGS
+@given(env=knob_env, card=cards)
+def test_a_fitting_plan_never_exceeds_the_card(qwen38, env, card):
     size_gib, reserved_mib, wsl2 = card
     gpu = GpuFacts.nominal(size_gib * GiB, reserved_bytes=reserved_mib * MiB, wsl2=wsl2)
-    b = plan_memory(qwen38_dir, k, gpu, checkpoint=qwen38)
+    b = _plan(qwen38, env, gpu)
     if b.fits:
-        floor = b.terms["headroom_floor"].value
-        assert b.footprint_bytes + floor <= gpu.free_bytes
-        # While loading (before the profile run and graphs): weights, the MTP transient and the CUDA context.
-        assert (b.weights["resident"] + b.terms["load_transient"].value + b.terms["cuda_context"].value
-                <= gpu.free_bytes)
-        assert b.layout.fits_one_request(b.pool_bytes, b.max_model_len)
-        assert b.max_model_len >= 1 and b.pool_tokens >= 1
-        assert b.longest_context >= b.max_model_len
+        context = b.terms["cuda_context"].value
+        assert b.requested_bytes <= gpu.free_bytes - context  # vLLM's startup check passes
+        assert b.footprint_bytes + context + b.terms["headroom_floor"].value <= gpu.free_bytes
+        assert b.weights["resident"] + b.terms["load_transient"].value + context <= gpu.free_bytes
+        assert b.layout.fits_one_request(b.pool_bytes - b.terms["profile_margin"].value, b.max_model_len)
+        assert b.pool_tokens >= 1 and b.longest_context >= b.max_model_len
     else:
-        assert b.problems and b.explain_failure()
+        assert b.problems and b.explain_failure() and b.outcome is not Outcome.FITS
+
+
+@SETTINGS
+@given(env=knob_env, size=st.sampled_from((16, 24, 32)), extra=st.integers(1, 16))
+def test_more_card_never_fits_less(qwen38, env, size, extra):
+    small = _plan(qwen38, env, GpuFacts.nominal(size * GiB))
+    large = _plan(qwen38, env, GpuFacts.nominal((size + extra) * GiB))
+    assert large.largest_fitting_max_len >= small.largest_fitting_max_len
+    if small.fits:
+        assert large.fits
+
+
+@SETTINGS
+@given(env=knob_env, shorter=st.integers(256, 262144))
+def test_a_shorter_context_never_fits_less(qwen38, env, shorter):
+    gpu = GpuFacts.nominal(24 * GiB)
+    longer = _plan(qwen38, env, gpu)
+    short = _plan(qwen38, env, gpu, max_len=min(shorter, longer.max_model_len))
+    if longer.fits:
+        assert short.fits
