@@ -29,7 +29,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 from hyperqwen import VLLM_VERSION  # noqa: E402
 from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, KV_DTYPES  # noqa: E402
-from hyperqwen.launch.command import build_plan  # noqa: E402
+from hyperqwen.launch.command import build_command  # noqa: E402
 from hyperqwen.config.settings import SettingsError, resolve_settings  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -85,7 +85,7 @@ def parser():
                                                     for m, e in VARIANTS])
 def test_generated_argv_parses_and_validates(parser, mode, env):
     settings = resolve_settings(env, mode=mode)
-    plan = build_plan(settings, api_key=KEY)
+    plan = build_command(settings, api_key=KEY)
     args = parser.parse_args(list(plan.vllm_args))
     validate_parsed_serve_args(args)
 
@@ -151,7 +151,7 @@ def test_exec_reaches_vllm_with_the_planned_argv(tmp_path):
 
 
 def test_unknown_flag_in_extra_args_is_rejected_by_vllm_parser(parser):
-    plan = build_plan(resolve_settings({"EXTRA_ARGS": "--no-such-flag"}, mode="single"), api_key=None)
+    plan = build_command(resolve_settings({"EXTRA_ARGS": "--no-such-flag"}, mode="single"), api_key=None)
     with pytest.raises(SystemExit):
         parser.parse_args(list(plan.vllm_args))
 

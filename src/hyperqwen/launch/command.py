@@ -114,6 +114,10 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
     if settings["TP"] > 1:
         # One server over TP cards (docs/multi-gpu.md); memory/parallel.py plans one rank's share.
         args += ["--tensor-parallel-size", str(settings["TP"])]
+    if settings["SCALE_OUT"]:
+        # vllm-router's cache_aware policy renders each request on a replica to match prefixes by token ids
+        # (vllm/entrypoints/scale_out/factories.py: without this flag those routes answer 403).
+        args.append("--enable-scale-out")
     if not settings["VISION"]:
         args.append("--language-model-only")
     for knob, flag in (("MAX_SEQS", "--max-num-seqs"), ("MAX_BATCHED_TOKENS", "--max-num-batched-tokens"),

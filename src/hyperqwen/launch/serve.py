@@ -100,6 +100,20 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
         gpu_reader: GpuReader = read_gpu, execve: Exec = os.execve) -> int:
     """The command. gpu_reader and execve are the two I/O edges, replaceable in tests."""
     environ = os.environ if environ is None else environ
+    card = getattr(args, "gpu", None)
+    if card and card != "auto":
+        if not (args.print or args.explain):
+            print("hyperqwen serve: --gpu plans for a card that is not here; use it with --print or --explain",
+                  file=sys.stderr)
+            return 2
+        from hyperqwen.memory import GpuError, parse_gpu
+
+        try:
+            planned = parse_gpu(card)
+        except GpuError as exc:
+            print(f"hyperqwen serve: {exc}", file=sys.stderr)
+            return 2
+        gpu_reader = lambda: planned  # noqa: E731
     try:
         settings = settings_from_args(args, environ)
         if not (args.print or args.explain):
@@ -143,4 +157,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings_arguments(parser)
     parser.add_argument("--print", action="store_true", help="print the exact command and environment; start nothing")
     parser.add_argument("--explain", action="store_true", help="show every setting, its value and its source")
+    parser.add_argument("--gpu", metavar="CARD", default="auto",
+                        help="with --print/--explain: plan for this card instead of the one here, by name "
+                             "(rtx3090, rtx4090, ...) or CUDA total (23.5GiB); default: the card CUDA reports")
     parser.set_defaults(func=run)

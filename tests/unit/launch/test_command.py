@@ -1,4 +1,4 @@
-"""The pure plan: settings -> vLLM argv and environment."""
+"""The pure command builder: settings -> vLLM argv and environment."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hyperqwen.config.settings import SettingsError, resolve_settings
 KEY = "sk-test-0123456789abcdef"
 
 
-def plan_for(environ=None, mode="single", api_key=None, **kwargs):
+def command_for(environ=None, mode="single", api_key=None, **kwargs):
     return build_command(resolve_settings(environ or {}, mode=mode), api_key=api_key, python="python3", **kwargs)
 
 
@@ -25,12 +25,12 @@ def flag_value(argv, flag):
 
 
 def test_runs_the_vllm_openai_server_module():
-    plan = plan_for()
-    assert plan.argv[:3] == ("python3", "-m", VLLM_SERVER_MODULE)
+    command = command_for()
+    assert command.argv[:3] == ("python3", "-m", VLLM_SERVER_MODULE)
 
 
 def test_single_mode_defaults():
-    argv = plan_for().vllm_args
+    argv = command_for().vllm_args
     assert flag_value(argv, "--model") == "/models/qwen3.8-27b"
     assert flag_value(argv, "--served-model-name") == "qwen3.8-27b"
     assert flag_value(argv, "--host") == "127.0.0.1"
@@ -46,7 +46,7 @@ def test_single_mode_defaults():
 
 
 def test_batch_mode_defaults():
-    argv = plan_for(mode="batch").vllm_args
+    argv = command_for(mode="batch").vllm_args
     assert "--speculative-config" not in argv
     assert flag_value(argv, "--kv-cache-dtype") == "fp8"
     assert flag_value(argv, "--max-num-seqs") == "64"
@@ -55,54 +55,54 @@ def test_batch_mode_defaults():
 
 @pytest.mark.parametrize("ctx", list(CTX_PRESETS))
 def test_ctx_presets_pick_kv_dtype_and_length(ctx):
-    plan = plan_for({"CTX": ctx})
-    assert flag_value(plan.vllm_args, "--kv-cache-dtype") == KV_DTYPES[CTX_PRESETS[ctx]["kv"]]
-    assert flag_value(plan.vllm_args, "--max-model-len") == str(CTX_PRESETS[ctx]["max_len"])
+    command = command_for({"CTX": ctx})
+    assert flag_value(command.vllm_args, "--kv-cache-dtype") == KV_DTYPES[CTX_PRESETS[ctx]["kv"]]
+    assert flag_value(command.vllm_args, "--max-model-len") == str(CTX_PRESETS[ctx]["max_len"])
 
 
 def test_kv_overrides_the_ctx_preset_in_single_mode():
-    assert flag_value(plan_for({"CTX": "long", "KV": "int8"}).vllm_args, "--kv-cache-dtype") == "int8_per_token_head"
+    assert flag_value(command_for({"CTX": "long", "KV": "int8"}).vllm_args, "--kv-cache-dtype") == "int8_per_token_head"
 
 
 def test_max_len_overrides_the_preset():
-    assert flag_value(plan_for({"MAX_LEN": "32768"}).vllm_args, "--max-model-len") == "32768"
+    assert flag_value(command_for({"MAX_LEN": "32768"}).vllm_args, "--max-model-len") == "32768"
 
 
 @pytest.mark.parametrize("kv", list(KV_DTYPES))
 def test_batch_kv_choices(kv):
-    assert flag_value(plan_for({"KV": kv}, mode="batch").vllm_args, "--kv-cache-dtype") == KV_DTYPES[kv]
+    assert flag_value(command_for({"KV": kv}, mode="batch").vllm_args, "--kv-cache-dtype") == KV_DTYPES[kv]
 
 
 def test_prefix_cache_is_always_explicit():
-    assert "--no-enable-prefix-caching" in plan_for({"PREFIX_CACHE": "false"}).vllm_args
-    assert "--enable-prefix-caching" not in plan_for({"PREFIX_CACHE": "false"}).vllm_args
-    assert "--enable-prefix-caching" in plan_for({"PREFIX_CACHE": "true"}).vllm_args
+    assert "--no-enable-prefix-caching" in command_for({"PREFIX_CACHE": "false"}).vllm_args
+    assert "--enable-prefix-caching" not in command_for({"PREFIX_CACHE": "false"}).vllm_args
+    assert "--enable-prefix-caching" in command_for({"PREFIX_CACHE": "true"}).vllm_args
 
 
 def test_dflash2_config_points_at_drafter_under_models_dir():
-    spec = json.loads(flag_value(plan_for({"SPEC": "dflash2", "DRAFT": "drafter", "DFLASH_TOKENS": "7"}).vllm_args,
+    spec = json.loads(flag_value(command_for({"SPEC": "dflash2", "DRAFT": "drafter", "DFLASH_TOKENS": "7"}).vllm_args,
                                  "--speculative-config"))
     assert spec == {"method": "dflash", "model": "/models/drafter", "num_speculative_tokens": 7}
 
 
 def test_spec_none_has_no_speculative_config():
-    assert "--speculative-config" not in plan_for({"SPEC": "none"}).vllm_args
+    assert "--speculative-config" not in command_for({"SPEC": "none"}).vllm_args
 
 
 def test_thinking_on_and_temperature():
-    argv = plan_for({"THINKING": "on", "TEMPERATURE": "0.6"}).vllm_args
+    argv = command_for({"THINKING": "on", "TEMPERATURE": "0.6"}).vllm_args
     assert json.loads(flag_value(argv, "--default-chat-template-kwargs")) == {"enable_thinking": True}
     assert json.loads(flag_value(argv, "--override-generation-config")) == {"temperature": 0.6}
 
 
 def test_tools_off_and_no_reasoning_parser():
-    argv = plan_for({"TOOLS": "false", "REASONING_PARSER": "none"}).vllm_args
+    argv = command_for({"TOOLS": "false", "REASONING_PARSER": "none"}).vllm_args
     assert "--enable-auto-tool-choice" not in argv and "--tool-call-parser" not in argv
     assert "--reasoning-parser" not in argv
 
 
 def test_memory_knobs_map_to_flags():
-    argv = plan_for({"GPU_UTIL": "0.9", "KV_MEM": "5GiB", "MAX_SEQS": "2", "MAX_BATCHED_TOKENS": "4096"}).vllm_args
+    argv = command_for({"GPU_UTIL": "0.9", "KV_MEM": "5GiB", "MAX_SEQS": "2", "MAX_BATCHED_TOKENS": "4096"}).vllm_args
     assert flag_value(argv, "--gpu-memory-utilization") == "0.9"
     assert flag_value(argv, "--kv-cache-memory-bytes") == str(5 * 1024**3)
     assert flag_value(argv, "--max-num-seqs") == "2"
@@ -110,52 +110,52 @@ def test_memory_knobs_map_to_flags():
 
 
 def test_extra_args_come_last():
-    argv = plan_for({"EXTRA_ARGS": "--enforce-eager --max-log-len 1"}).vllm_args
+    argv = command_for({"EXTRA_ARGS": "--enforce-eager --max-log-len 1"}).vllm_args
     assert argv[-3:] == ("--enforce-eager", "--max-log-len", "1")
 
 
 def test_api_key_goes_through_environment_never_argv():
-    plan = plan_for(api_key=KEY)
-    assert plan.env["VLLM_API_KEY"] == KEY
-    assert all(KEY not in word for word in plan.argv)
-    assert KEY not in plan.shell_command() and "VLLM_API_KEY=****" in plan.shell_command()
+    command = command_for(api_key=KEY)
+    assert command.env["VLLM_API_KEY"] == KEY
+    assert all(KEY not in word for word in command.argv)
+    assert KEY not in command.shell_command() and "VLLM_API_KEY=****" in command.shell_command()
 
 
 def test_no_key_unsets_an_inherited_one():
-    assert plan_for().unset_env == ("VLLM_API_KEY",)
+    assert command_for().unset_env == ("VLLM_API_KEY",)
 
 
 def test_exposed_without_key_refuses_with_how_to_fix():
     with pytest.raises(SettingsError) as caught:
-        plan_for({"BIND": "0.0.0.0"})
+        command_for({"BIND": "0.0.0.0"})
     assert "openssl rand -hex 24 > models/api_key.txt" in str(caught.value)
-    assert plan_for({"BIND": "0.0.0.0"}, api_key=KEY).argv  # with a key it is fine
+    assert command_for({"BIND": "0.0.0.0"}, api_key=KEY).argv  # with a key it is fine
 
 
 def test_listen_host_inside_container_keeps_bind_for_the_security_check():
-    plan = plan_for(listen_host="0.0.0.0")
-    assert flag_value(plan.vllm_args, "--host") == "0.0.0.0"
+    command = command_for(listen_host="0.0.0.0")
+    assert flag_value(command.vllm_args, "--host") == "0.0.0.0"
 
 
 def test_shell_command_round_trips_through_a_shell_parser():
-    plan = plan_for({"EXTRA_ARGS": "--chat-template '/tmp/a b.jinja'"}, api_key=KEY)
-    words = shlex.split(plan.shell_command().replace("\\\n", " "))
+    command = command_for({"EXTRA_ARGS": "--chat-template '/tmp/a b.jinja'"}, api_key=KEY)
+    words = shlex.split(command.shell_command().replace("\\\n", " "))
     assert words[0] == "env" and "VLLM_API_KEY=****" in words
-    assert tuple(words[words.index("python3"):]) == plan.argv
+    assert tuple(words[words.index("python3"):]) == command.argv
 
 
-def test_plan_is_pure_same_input_same_output():
-    assert plan_for({"SPEC": "none"}) == plan_for({"SPEC": "none"})
+def test_command_is_pure_same_input_same_output():
+    assert command_for({"SPEC": "none"}) == command_for({"SPEC": "none"})
 
 
 @pytest.mark.parametrize("knob_name", [k.name for k in KNOBS])
 @hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=st.text(max_size=30), mode=st.sampled_from(["single", "batch"]))
-def test_any_string_gives_clean_error_or_valid_plan(knob_name, raw, mode):
+def test_any_string_gives_clean_error_or_valid_command(knob_name, raw, mode):
     try:
-        plan = plan_for({knob_name: raw}, mode=mode, api_key=KEY)
+        command = command_for({knob_name: raw}, mode=mode, api_key=KEY)
     except SettingsError as exc:
         assert exc.problems
         return
-    assert all(isinstance(word, str) and "\x00" not in word for word in plan.argv)
-    assert plan.argv[:3] == ("python3", "-m", VLLM_SERVER_MODULE)
+    assert all(isinstance(word, str) and "\x00" not in word for word in command.argv)
+    assert command.argv[:3] == ("python3", "-m", VLLM_SERVER_MODULE)

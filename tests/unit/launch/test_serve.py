@@ -132,3 +132,27 @@ def test_print_and_exec_run_the_same_argv(tmp_path, capsys, monkeypatch, case):
         assert max_len == 65536
     assert "memory plan:" in err and KEY not in err
     assert env["VLLM_API_KEY"] == KEY
+
+
+def test_print_for_a_named_card_shows_what_would_run_there(tmp_path):
+    from pathlib import Path
+
+    fixtures = Path(__file__).parents[1] / "memory" / "data"
+    env = {"MODELS_DIR": str(fixtures), "MODEL": "qwen3.8-27b-prepared"}
+    big = hyperqwen("serve", "--print", "--gpu", "80GiB", env=env, cwd=tmp_path)
+    assert big.returncode == 0, big.stderr
+    assert "--max-model-len 65536" in big.stdout.replace(" \\\n    ", " ")
+    small = hyperqwen("serve", "--print", "--gpu", "8GiB", env=env, cwd=tmp_path)
+    assert small.returncode == 2 and "do not fit" in small.stderr and "Traceback" not in small.stderr
+
+
+@pytest.mark.parametrize("card", ["rtx9999", "0", "abc"])
+def test_unknown_card_is_one_clean_line(tmp_path, card):
+    result = hyperqwen("serve", "--print", "--gpu", card, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_flag_is_only_for_print_and_explain(tmp_path):
+    result = hyperqwen("serve", "--gpu", "rtx3090", cwd=tmp_path)
+    assert result.returncode == 2 and "--print or --explain" in result.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperqwen.launch.command import build_plan
+from hyperqwen.launch.command import build_command
 from hyperqwen.config.settings import resolve_settings
 
 METRICS_PUBLIC_ENV = "HYPERQWEN_METRICS_PUBLIC"
@@ -20,5 +20,5 @@ def test_plan_sets_metrics_public_for_the_auth_patch(tmp_path, knob, expected):
     environ = {"MODELS_DIR": str(tmp_path), "MODEL": str(tmp_path), "BIND": "127.0.0.1"}
     if knob is not None:
         environ["METRICS_PUBLIC"] = knob
-    plan = build_plan(resolve_settings(environ, mode="single"), api_key="k")
+    plan = build_command(resolve_settings(environ, mode="single"), api_key="k")
     assert plan.env.get(METRICS_PUBLIC_ENV) == expected
