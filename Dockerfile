@@ -8,13 +8,18 @@
 # - vllm==0.32.0's GPU wheel (PyPI) requires torch==2.13.0, torchvision==0.28.0, torchaudio==2.11.0
 #   (its METADATA Requires-Dist) and its kernels link libcudart.so.13 with code for sm_75 ... sm_120
 #   (sm_86 and sm_89 included).
-# - PyPI's torch 2.13.0 brings the CUDA 13.0 runtime as wheels (nvidia-cuda-runtime 13.0.96), so the
-#   base is CUDA 13.0. It is the `devel` flavour on purpose: FlashInfer and DeepGEMM compile kernels
-#   with nvcc the first time a shape is used, at run time, not at build time.
+# - PyPI's torch 2.13.0 brings the CUDA 13.0 libraries as wheels (nvidia-cuda-runtime 13.0.96, cuBLAS,
+#   cuDNN, NCCL, ...), so the base is CUDA 13.0's smallest flavour, `base` (driver glue and cudart only):
+#   the `runtime` and `devel` flavours would carry those libraries a second time (~3-4 GB). FlashInfer
+#   and DeepGEMM compile kernels with nvcc the first time a shape is used, at run time, and Triton builds
+#   its launchers with a C compiler, so only the pieces those need are added: nvcc, the cudart and curand
+#   headers, g++ (as the public 3090 reference's image does: github.com/syv-ai/qwen38-27b-rtx3090,
+#   Dockerfile: CUDA base + cuda-nvcc, cuda-cudart-dev, libcurand-dev; ~9.5 GB).
 # - Python 3.12 (vLLM 0.32.0 supports 3.11-3.14), a fixed patch release from uv's
 #   python-build-standalone builds, so the interpreter does not drift with Ubuntu's updates.
 
-ARG CUDA_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04
+# Renovate (renovate.json) pins these by digest and proposes updates.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
 
 # ---------------------------------------------------------------------------------------------
@@ -49,10 +54,14 @@ LABEL org.opencontainers.image.title="hyperqwen" \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# System packages: only GNU patch (the CUDA image already has ca-certificates).
+# System packages: GNU patch, and what the run-time JIT compilers need (see the top). The CUDA packages come
+# from the base image's own CUDA apt repository; "-13-0" in their names holds them to its CUDA 13.0 line.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "patch=${GNU_PATCH_VERSION}" \
+        cuda-nvcc-13-0 cuda-cudart-dev-13-0 libcurand-dev-13-0 g++ \
     && rm -rf /var/lib/apt/lists/*
+ENV CUDA_HOME=/usr/local/cuda
 
 # A non-root user with a fixed uid (Ubuntu 24.04 images ship a user `ubuntu` on uid 1000: drop it).
 RUN if id ubuntu >/dev/null 2>&1; then userdel ubuntu && rm -rf /home/ubuntu; fi \
@@ -73,8 +82,10 @@ ENV PATH=/opt/venv/bin:${PATH} \
 
 # vLLM and torch: the big, slow-changing layer, before the project so edits do not rebuild it.
 # requirements/image-gpu.txt pins every transitive dependency to the versions resolved for this image.
+# BuildKit cache mount: wheels stay in the builder's cache (and the CI's layer cache), not in the image.
 COPY requirements/image-gpu.txt /opt/hyperqwen-constraints.txt
-RUN pip install --no-cache-dir --constraint /opt/hyperqwen-constraints.txt \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --constraint /opt/hyperqwen-constraints.txt \
         "vllm==${VLLM_VERSION}" \
         "torch==${TORCH_VERSION}" \
         "torchvision==${TORCHVISION_VERSION}" \
@@ -83,7 +94,8 @@ RUN pip install --no-cache-dir --constraint /opt/hyperqwen-constraints.txt \
 # The project, installed as a regular (non-editable) package. .dockerignore keeps models, caches,
 # tests and git out of the build context.
 COPY . /opt/hyperqwen
-RUN pip install --no-cache-dir --constraint /opt/hyperqwen-constraints.txt "/opt/hyperqwen[prepare]" \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --constraint /opt/hyperqwen-constraints.txt "/opt/hyperqwen[prepare]" \
     && install -m 0755 /opt/hyperqwen/verify.sh /usr/local/bin/verify.sh
 ENV HYPERQWEN_PATCHES_DIR=/opt/hyperqwen/patches
 
@@ -92,10 +104,17 @@ ENV HYPERQWEN_PATCHES_DIR=/opt/hyperqwen/patches
 RUN hyperqwen patches apply \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm"
 
-# Build gate: vLLM version, every patch applied exactly (reverse-apply), packages import.
-RUN verify.sh --install
+# Build gate: vLLM version, every patch applied exactly (reverse-apply), packages import; and the JIT
+# toolchain the slim base must still provide (nvcc with the cudart/curand headers, a host C++ compiler).
+RUN verify.sh --install \
+    && "${CUDA_HOME}/bin/nvcc" --version \
+    && test -f "${CUDA_HOME}/include/cuda_runtime.h" && test -f "${CUDA_HOME}/include/curand.h" \
+    && g++ --version
 
-# Runtime environment. Caches live on the /cache volume so the first boot's compilation is reused.
+# Runtime environment. Caches live under /cache: compose mounts its named volume `cache` there, and the
+# README's `docker run` lines mount a named volume too, so the first boot's compilation is reused. No VOLUME
+# instruction: it would give every container without that mount (the monitor, one-off `docker run`s) an
+# anonymous volume that is never reused.
 ENV MODELS_DIR=/models \
     HYPERQWEN_LISTEN_HOST=0.0.0.0 \
     HOME=/home/hyperqwen \
@@ -110,7 +129,6 @@ ENV MODELS_DIR=/models \
 
 USER ${HYPERQWEN_UID}:${HYPERQWEN_UID}
 WORKDIR /home/hyperqwen
-VOLUME ["/cache"]
 EXPOSE 18020
 
 # /health answers only once the engine is up; the first boot compiles for many minutes (see compose.yaml).

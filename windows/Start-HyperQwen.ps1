@@ -3,10 +3,14 @@
     Start HyperQwen with Docker Desktop (WSL2 backend), follow the server log, open the page, stop on exit.
 
 .DESCRIPTION
-    Runs `docker compose --profile <Mode> [--profile webui] up -d` in the repository folder, shows the server's
+    Runs `init` and `prepare` first and streams prepare's log (the first start downloads ~20 GB), then
+    `docker compose --profile <Mode> [--profile webui] up -d` in the repository folder, shows the server's
     log, waits until the server's /health answers, then opens the chat WebUI (with -WebUI) or the monitor page
     in the default browser. LAN addresses are printed only when .env exposes the stack (BIND other than
     127.0.0.1). Ctrl+C or closing the window stops the stack (`docker compose down`; volumes are kept).
+    When the start fails, the containers are only stopped (not removed) and their logs are saved to
+    hyperqwen-start.log in the repository folder.
+    Works in Windows PowerShell 5.1 and PowerShell 7: docker's stderr never meets $ErrorActionPreference.
 
 .PARAMETER Mode
     single (one user, lowest latency) or batch (many concurrent requests).
@@ -70,9 +74,49 @@ function Test-Loopback([string]$HostName) {
     return $HostName -in @('127.0.0.1', 'localhost', '::1') -or $HostName.StartsWith('127.')
 }
 
+# Windows PowerShell 5.1 wraps each stderr line of a native command whose stderr is redirected or piped in an
+# error record, and with $ErrorActionPreference = 'Stop' the first one ends the script (docker and compose
+# write progress to stderr). So docker runs with 'Continue' here, its lines become plain text, and the exit
+# code decides. PowerShell 7 behaves the same way with this.
+function Invoke-Docker {
+    # Streams docker's output (stdout and stderr) to the console; returns docker's exit code.
+    $saved = $ErrorActionPreference
+    $ErrorActionPreference = 'Continue'
+    try {
+        & docker @args 2>&1 | ForEach-Object { "$_" } | Out-Host
+        return $LASTEXITCODE
+    } finally {
+        $ErrorActionPreference = $saved
+    }
+}
+
+function Get-DockerOutput {
+    # docker's stdout lines (stderr dropped); the exit code is in $script:DockerExitCode.
+    $saved = $ErrorActionPreference
+    $ErrorActionPreference = 'Continue'
+    try {
+        $lines = @(& docker @args 2>$null | ForEach-Object { "$_" })
+        $script:DockerExitCode = $LASTEXITCODE
+        return $lines
+    } finally {
+        $ErrorActionPreference = $saved
+    }
+}
+
+function Start-LogJob([string]$Service) {
+    # A service's log as a background job. Lines become plain strings inside the job, so Receive-Job never
+    # replays docker's stderr as error records into this script.
+    return Start-Job -ScriptBlock {
+        param($Dir, $Service)
+        Set-Location -LiteralPath $Dir
+        $ErrorActionPreference = 'Continue'
+        & docker compose logs --follow --no-log-prefix --tail 50 $Service 2>&1 | ForEach-Object { "$_" }
+    } -ArgumentList $Repo, $Service
+}
+
 # --- Docker Desktop must be running (its WSL2 engine answers `docker version`) ---
-& docker version --format '{{.Server.Version}}' *> $null
-if ($LASTEXITCODE -ne 0) {
+$null = Get-DockerOutput version --format '{{.Server.Version}}'
+if ($script:DockerExitCode -ne 0) {
     Write-Host 'Docker is not answering. Start Docker Desktop (Settings > General: "Use the WSL 2 based engine"),' -ForegroundColor Red
     Write-Host 'wait until it says "Engine running", then run this again.' -ForegroundColor Red
     exit 1
@@ -122,17 +166,34 @@ public static class HyperQwenConsole {
 [HyperQwenConsole]::StopOnClose($composeDown, $Repo)
 
 $logJob = $null
+$failed = $true
+$exitCode = 0
+$startLog = Join-Path $Repo 'hyperqwen-start.log'
 try {
     Write-Host "Starting HyperQwen ($Mode$(if ($WebUI) { ' + WebUI' }))..." -ForegroundColor Cyan
-    & docker compose @profiles up -d
-    if ($LASTEXITCODE -ne 0) { throw "docker compose up failed (exit code $LASTEXITCODE); see the messages above." }
+    # init (folders, key) and prepare (download and requantize; a no-op once done), with prepare's progress shown
+    # here: `up -d` of the whole stack would wait silently for prepare to finish.
+    $code = Invoke-Docker compose @profiles up -d prepare
+    if ($code -ne 0) { throw "docker compose up failed (exit code $code); see the messages above." }
+    Write-Host 'Preparing the model (the first start downloads ~20 GB; later starts skip this)...' -ForegroundColor Cyan
+    $prepareJob = Start-LogJob 'prepare'
+    while ($true) {
+        Receive-Job $prepareJob | Out-Host
+        $prepareState = (Get-DockerOutput compose @profiles ps --all --format '{{.State}} {{.ExitCode}}' prepare) -join ''
+        if ($prepareState -match '^exited (\d+)') { break }
+        Start-Sleep -Seconds 2
+    }
+    Start-Sleep -Seconds 1
+    Receive-Job $prepareJob | Out-Host
+    Stop-Job $prepareJob -ErrorAction SilentlyContinue
+    Remove-Job $prepareJob -Force -ErrorAction SilentlyContinue
+    if ($Matches[1] -ne '0') { throw "prepare failed (exit code $($Matches[1])); its log is above." }
+
+    $code = Invoke-Docker compose @profiles up -d
+    if ($code -ne 0) { throw "docker compose up failed (exit code $code); see the messages above." }
 
     # The server's log, streamed into this window while we wait and afterwards.
-    $logJob = Start-Job -ScriptBlock {
-        param($Dir, $Service)
-        Set-Location -LiteralPath $Dir
-        & docker compose logs --follow --no-log-prefix --tail 50 $Service 2>&1
-    } -ArgumentList $Repo, $Mode
+    $logJob = Start-LogJob $Mode
 
     $healthUrl = "http://127.0.0.1:$port/health"
     $deadline = (Get-Date).AddMinutes($TimeoutMinutes)
@@ -144,7 +205,7 @@ try {
             $response = Invoke-WebRequest -Uri $healthUrl -UseBasicParsing -TimeoutSec 5
             if ($response.StatusCode -eq 200) { $healthy = $true; break }
         } catch { }
-        $state = (& docker compose @profiles ps --all --format '{{.Service}} {{.State}} {{.ExitCode}}' 2>$null) -join "`n"
+        $state = (Get-DockerOutput compose @profiles ps --all --format '{{.Service}} {{.State}} {{.ExitCode}}') -join "`n"
         if ($state -match "(?m)^$Mode exited") { throw "the $Mode server exited; its log is above." }
         if ($state -match '(?m)^prepare exited [1-9]') { throw 'prepare failed; see `docker compose logs prepare`.' }
         Start-Sleep -Seconds 3
@@ -167,6 +228,7 @@ try {
     if (-not $NoBrowser) { Start-Process $page }
     Write-Host 'Following the server log. Press Ctrl+C or close this window to stop HyperQwen.' -ForegroundColor Cyan
 
+    $failed = $false
     while ($true) {
         Receive-Job $logJob | Out-Host
         if ($logJob.State -ne 'Running') {
@@ -175,8 +237,22 @@ try {
         }
         Start-Sleep -Milliseconds 500
     }
+} catch {
+    Write-Host "HyperQwen did not start: $($_.Exception.Message)" -ForegroundColor Red
+    $exitCode = 1
 } finally {
     if ($logJob) { Stop-Job $logJob -ErrorAction SilentlyContinue; Remove-Job $logJob -Force -ErrorAction SilentlyContinue }
-    Write-Host 'Stopping HyperQwen (docker compose down; models and caches are kept)...' -ForegroundColor Cyan
-    & docker compose @profiles down
+    if ($failed) {
+        # Keep what the user needs to find the cause: the logs in a file, and the stopped containers (so
+        # `docker compose logs prepare` still works). `docker compose down` would delete both.
+        Get-DockerOutput compose @profiles logs --no-color --timestamps init prepare $Mode |
+            Set-Content -LiteralPath $startLog -Encoding UTF8
+        Write-Host "The logs of init, prepare and $Mode are in $startLog (also: docker compose logs prepare)." -ForegroundColor Yellow
+        Write-Host 'Stopping HyperQwen (docker compose stop; containers, logs, models and caches are kept)...' -ForegroundColor Cyan
+        $null = Invoke-Docker compose @profiles stop
+    } else {
+        Write-Host 'Stopping HyperQwen (docker compose down; models and caches are kept)...' -ForegroundColor Cyan
+        $null = Invoke-Docker compose @profiles down
+    }
 }
+exit $exitCode

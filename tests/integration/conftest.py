@@ -10,8 +10,12 @@ Servers (see issue 3; fewest distinct starts that cover every behaviour):
 - smol_server: SmolLM2-135M-Instruct in float32, no speculation. Meaningful answers: SDK/API tests.
 - tiny_qwen_prefix_server: tiny Qwen3.5 model in bfloat16, prefix caching on, SPEC=none, fp16 GDN state.
   Prefix-cache and thinking tests, and the greedy reference for the MTP exactness test.
-- tiny_qwen_mtp_server: the same model with SPEC=mtp and prefix caching off (the CPU build cannot run the
-  two together; see docs/cpu-limitations.md).
+- tiny_qwen_mtp_server: the same model with SPEC=mtp and prefix caching off.
+- agents_server: the tiny model at MAX_LEN 65536 with a 1 s stream keep-alive: the real coding-agent CLIs (their
+  prompts are tens of thousands of tokens) and the keep-alive/long-prefill tests (test_agents_*.py).
+- smol_lookup_server: SmolLM2 with SPEC=ngram (prompt lookup), prefix caching on.
+- recall_mtp_prefix_server: tiny-qwen-recall (a variant whose every prediction needs the previous step's GDN
+  state) with SPEC=mtp and prefix caching on, the single-mode default; runs on CPU with patch 0030.
 
 Environment overrides: HYPERQWEN_TEST_MODELS (model cache), HYPERQWEN_TEST_SERVER_TIMEOUT (seconds to wait
 for /health, default 600), HYPERQWEN_TEST_LOG_DIR (keep server logs there instead of a temp folder).
@@ -56,6 +60,14 @@ BASE_KNOBS = {
 SMOL_KNOBS = {"DTYPE": "float32", "SPEC": "none", "PREFIX_CACHE": "1"}
 TINY_QWEN_PREFIX_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "1"}
 TINY_QWEN_MTP_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "0"}
+# Coding agents (test_agents_*.py): their prompts are 20-80k tokens (Claude Code: 24 tools, ~76 KB), so the tiny
+# model at a long context; small prefill chunks and a 1 s keep-alive so a CPU prefill is long enough to observe.
+AGENTS_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "1", "MAX_LEN": "65536",
+                "MAX_BATCHED_TOKENS": "2048", "STREAM_KEEPALIVE": "1"}
+# Prompt lookup (SPEC=ngram) on SmolLM2, which has no MTP head: drafts copied from the context.
+SMOL_LOOKUP_KNOBS = {**SMOL_KNOBS, "SPEC": "ngram", "LOOKUP_TOKENS": "8"}
+# The single-mode default (MTP + prefix caching) on the state-sensitive recall model (support.testmodels).
+RECALL_MTP_PREFIX_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "1"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -349,6 +361,32 @@ def tiny_qwen_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
 def tiny_qwen_mtp_server(test_models, server_log_dir) -> Iterator[Server]:
     with running_server(
         "tiny-qwen-mtp", test_models["tiny-qwen"], TINY_QWEN_MTP_KNOBS, server_log_dir, "tiny_qwen_mtp_server"
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def smol_lookup_server(test_models, server_log_dir) -> Iterator[Server]:
+    with running_server(
+        "smollm2-lookup", test_models["smollm2"], SMOL_LOOKUP_KNOBS, server_log_dir, "smol_lookup_server"
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def recall_mtp_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
+    """tiny-qwen-recall with SPEC=mtp and prefix caching on (needs patch 0030 on the CPU build)."""
+    with running_server(
+        "recall-mtp-prefix", test_models["tiny-qwen-recall"], RECALL_MTP_PREFIX_KNOBS, server_log_dir,
+        "recall_mtp_prefix_server",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def agents_server(test_models, server_log_dir) -> Iterator[Server]:
+    with running_server(
+        "agents", test_models["tiny-qwen"], AGENTS_KNOBS, server_log_dir, "agents_server"
     ) as server:
         yield server
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 
 import pytest
@@ -31,7 +32,9 @@ def test_chat_cohorts_count_what_the_server_counted(smol_server, tmp_path):
     import vllm
 
     before = smol_server.metrics()
-    doc = bench(smol_server, "chat", "--concurrency", "1,2", "--requests", "2", "--max-tokens", "24")
+    # No greedy re-run here: the token total must be the cohorts' alone.
+    doc = bench(smol_server, "chat", "--concurrency", "1,2", "--requests", "2", "--max-tokens", "24",
+                "--check-samples", "0")
     after = smol_server.metrics()
 
     cohorts = doc["results"]["cohorts"]
@@ -104,3 +107,70 @@ def test_long_document_tasks_and_needle(smol_server):
     rows = needle["results"]["rows"]
     assert [r["depth"] for r in rows] == [0.0, 1.0]
     assert all(r["request"]["prompt_tokens"] > 1000 for r in rows)
+
+
+# ---- patch 0050: the server's environment, behind the key --------------------------------------------------
+def _route_app(tokens: list[str] | None):
+    """The patched router in a bare FastAPI app, with vLLM's own auth middleware when tokens are given."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.serve.instrumentator.basic import router
+    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+    app = FastAPI()
+    app.include_router(router)
+    if tokens:
+        app.add_middleware(AuthenticationMiddleware, tokens=tokens)
+    return TestClient(app)
+
+
+@pytest.mark.needs_patch("0050-bench-environment-route.patch")
+def test_environment_route_is_private_without_a_key(monkeypatch, tmp_path):
+    from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV, ROUTE, write_environment_file
+
+    write_environment_file(tmp_path / "env.json")
+    monkeypatch.setenv(ENVIRONMENT_FILE_ENV, str(tmp_path / "env.json"))
+    # No API key on the server: vLLM installs no auth middleware, so the route must refuse by itself.
+    response = _route_app(None).get(ROUTE)
+    assert response.status_code == 403 and "API key" in response.json()["error"]
+    client = _route_app(["k-0123456789"])
+    assert client.get(ROUTE).status_code == 401
+    body = client.get(ROUTE, headers={"Authorization": "Bearer k-0123456789"}).json()
+    assert body["format"] == "hyperqwen-environment/1" and body["live"]["vllm_version"]
+    assert body["platform"] in ("linux", "wsl2") and body["patch_series"]["patches"]
+
+
+@pytest.mark.needs_patch("0050-bench-environment-route.patch")
+def test_environment_route_on_the_server(smol_server):
+    import requests
+    import vllm
+
+    from hyperqwen.bench.serverside import ROUTE
+
+    url = smol_server.base_url + ROUTE
+    assert requests.get(url, timeout=30).status_code == 401
+    body = requests.get(url, headers={"Authorization": f"Bearer {smol_server.api_key}"}, timeout=30).json()
+    assert body["live"]["vllm_version"] == vllm.__version__ and "device" not in body["live"]  # a CPU server
+    assert smol_server.api_key not in json.dumps(body)
+    if "knobs" in body:  # `hyperqwen serve` wrote the file: the knobs in effect, the key masked
+        assert body["knobs"]["SPEC"] == "none" and body["knobs"]["VLLM_API_KEY"] == "****"
+
+
+@pytest.mark.needs_patch("0050-bench-environment-route.patch")
+def test_quick_suite_against_the_cpu_server(smol_server, tmp_path):
+    """The whole field report, shrunk, on the real engine: every step runs, the report and plots exist, and
+    the correctness gates are evaluated (a 135M model fails GSM8K: the run must exit 1, not 0)."""
+    from hyperqwen.bench.cli import main
+
+    code = main(["bench", "suite", "--quick", "--url", smol_server.base_url, "--api-key", smol_server.api_key,
+                 "--out", str(tmp_path), "--skip", "longdoc"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["environment"]["hardware"] == "cpu"
+    assert not [g for g in report["failed_gates"] if g.endswith((".requests", ".ran"))], report["failed_gates"]
+    assert "gsm8k.gsm8k" in report["gates"] and "needle.needle" in report["gates"]
+    assert code == (1 if report["failed_gates"] else 0)
+    assert (tmp_path / "plots" / "decode_vs_concurrency.png").is_file()
+    ladder = report["steps"]["ladder"]["results"]["steps"]
+    assert [s["concurrency"] for s in ladder] == [1, 2, 4] and all(s["decode_reference_tok_s"] for s in ladder)
+    md = (tmp_path / "report.md").read_text()
+    assert "CPU numbers" in md and "```text" in md and smol_server.api_key not in md

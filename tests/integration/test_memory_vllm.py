@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperqwen.memory.budget import MemoryKnobs, build_layout
+from hyperqwen.memory.budget import LayoutKnobs, build_layout
 from hyperqwen.memory.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -64,10 +64,10 @@ def vllm_kv_cache_config(cfg, *, kv_cache_dtype: str, state_dtype: str, k: int, 
                          pool_bytes: int, max_model_len: int):
     """vLLM's own KVCacheConfig and reported token capacity for one grid point, as on a GPU."""
     from vllm.config.cache import CacheConfig
-    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.model_executor.models import ModelRegistry
     from vllm.platforms.interface import Platform
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, get_kv_quant_mode
 
@@ -125,7 +125,7 @@ def vllm_kv_cache_config(cfg, *, kv_cache_dtype: str, state_dtype: str, k: int, 
 
 
 def planner_layout(kv_cache_dtype: str, state_dtype: str, k: int, prefix_caching: bool):
-    knobs = MemoryKnobs(kv_cache_dtype=kv_cache_dtype, state_dtype=state_dtype,
+    knobs = LayoutKnobs(kv_cache_dtype=kv_cache_dtype, state_dtype=state_dtype,
                         spec_method="mtp" if k else "none", num_speculative_tokens=k,
                         prefix_caching=prefix_caching, model_dtype="bfloat16")
     layout, _ = build_layout(load_checkpoint(FIXTURE), knobs)
@@ -216,8 +216,8 @@ def test_planner_predicts_cpu_server_pool(tiny_qwen_prefix_server):
     state_dtype = "float32" if "Reset SSM cache type to float32" in log else server.knobs.get("STATE_DTYPE", "float16")
     pool_bytes = int(server.env.get("VLLM_CPU_KVCACHE_SPACE", server.knobs.get("VLLM_CPU_KVCACHE_SPACE"))) * 1024**3
     max_len = int(server.knobs["MAX_LEN"])
-    knobs = MemoryKnobs(kv_cache_dtype="auto", state_dtype=state_dtype, spec_method="none",
-                        prefix_caching=True, model_dtype="bfloat16", max_model_len=max_len)
+    knobs = LayoutKnobs(kv_cache_dtype="auto", state_dtype=state_dtype, spec_method="none",
+                        prefix_caching=True, model_dtype="bfloat16")
     layout, _ = build_layout(load_checkpoint(server.model_dir), knobs,
                              kernel_block_alignment=CPU_KERNEL_BLOCK_ALIGNMENT)
     assert layout.reported_tokens(pool_bytes, max_len) == int(reported.group(1).replace(",", ""))

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
-SMOL_KNOBS = {"DTYPE": "float32", "SPEC": "none", "PREFIX_CACHE": "1"}
+# SCALE_OUT: as the compose replica template sets it (the cache_aware policy renders requests on the replicas).
+SMOL_KNOBS = {"DTYPE": "float32", "SPEC": "none", "PREFIX_CACHE": "1", "SCALE_OUT": "1"}
 ROUTER_BIN = Path(sys.executable).with_name("vllm-router")
 
 pytestmark = pytest.mark.skipif(not ROUTER_BIN.exists(), reason="vllm-router is not installed in this venv "
@@ -120,7 +121,8 @@ def test_openai_requests_reach_both_replicas(front, replicas):
 
 def test_conversation_turns_stick_to_one_replica_and_hit_its_prefix_cache(front, replicas):
     # A long first message, so the prefix the router matches (and vLLM caches: 128-token blocks on CPU) is large.
-    notes = " ".join(f"Note {i}: the {TOPICS[i % len(TOPICS)]} ledger lists item {i * 7} as checked." for i in range(60))
+    notes = " ".join(f"Note {i}: the {TOPICS[i % len(TOPICS)]} ledger lists item {i * 7} as checked."
+                     for i in range(60))
     messages = [{"role": "system", "content": "You are a terse assistant."},
                 {"role": "user", "content": f"Here are my notes. {notes} Reply with OK."}]
     client = front.openai()
@@ -159,7 +161,8 @@ def test_key_is_enforced_at_the_edge_and_again_by_each_replica(front, replicas):
     # Pass-through: the router forwards the client's Authorization header, and each replica checks it again.
     wrong = requests.post(f"{front.router_url}/v1/chat/completions", timeout=30,
                           headers={"Authorization": "Bearer wrong-key-" + secrets.token_hex(8)},
-                          json={"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+                          json={"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 2})
     assert wrong.status_code == 401
 
 

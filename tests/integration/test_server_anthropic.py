@@ -72,3 +72,60 @@ def test_messages_create_with_x_api_key_as_claude_code_sends_it(smol_server):
 def test_messages_stream_with_x_api_key_as_claude_code_sends_it(smol_server):
     pieces, final_text = _stream_text(claude_code_client(smol_server), smol_server)
     assert "".join(pieces) == final_text
+
+
+# About 1,900 tokens for SmolLM2 at MAX_LEN 2048 (see test_server_openai.py).
+LONG_PROMPT = "Summarise this log. " + " ".join(f"line {i}: request served in {i % 97} ms." for i in range(140))
+
+
+def _total_input(usage) -> int:
+    """Anthropic counts a prompt as input + cache read + cache creation tokens."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+
+
+@pytest.mark.needs_patch("0020-max-tokens-clamp-to-context.patch")
+def test_max_tokens_32000_is_clamped_to_a_max_tokens_stop(smol_server):
+    """Claude Code's max_tokens 32000 on a 2048-token server: answered, filling the room left, stop_reason
+    max_tokens (stock 0.32.0: 400 and the CLI exits 1)."""
+    message = sdk_client(smol_server).messages.create(
+        model=smol_server.served_model_name, max_tokens=32000, messages=[{"role": "user", "content": LONG_PROMPT}],
+        extra_body={**GREEDY, "ignore_eos": True})
+    assert message.stop_reason == "max_tokens", message
+    assert _total_input(message.usage) + message.usage.output_tokens == int(smol_server.knobs["MAX_LEN"]), (
+        message.usage)
+
+
+def test_count_tokens_matches_the_prompt_the_model_sees(smol_server):
+    """Claude Code calls count_tokens to size its context; vLLM renders the same chat prompt and counts it."""
+    client = sdk_client(smol_server)
+    kwargs = dict(model=smol_server.served_model_name, system="You are terse.",
+                  messages=[{"role": "user", "content": "Count these tokens, please."}])
+    counted = client.messages.count_tokens(**kwargs)
+    message = client.messages.create(max_tokens=1, extra_body=GREEDY, **kwargs)
+    assert counted.input_tokens == _total_input(message.usage) > 5
+
+
+def test_head_root_probe_gets_a_prompt_answer(smol_server):
+    """Claude Code sends `HEAD /` to warm the connection and ignores the status. With a key configured every
+    route but /health and /ping needs it (patch 0002), so the probe gets 401 without a body: harmless, and no
+    route is opened for it."""
+    import requests
+
+    response = requests.head(f"{smol_server.base_url}/", timeout=10)
+    assert response.status_code == 401
+    assert not response.content
+
+
+def test_cache_control_is_accepted_and_prefix_hits_are_reported_as_cache_reads(smol_server):
+    """Prefix caching is on (PREFIX_CACHE=1) and `hyperqwen serve` passes --enable-prompt-tokens-details, so the
+    second request with the same long system prefix reports its hit as cache_read_input_tokens."""
+    client = sdk_client(smol_server)
+    system = [{"type": "text", "text": "Rules. " + " ".join(f"rule {i}: be brief." for i in range(60)),
+               "cache_control": {"type": "ephemeral"}}]
+    usages = []
+    for question in ("First question?", "Second question?"):
+        message = client.messages.create(model=smol_server.served_model_name, max_tokens=4, system=system,
+                                         messages=[{"role": "user", "content": question}], extra_body=GREEDY)
+        usages.append(message.usage)
+    assert (usages[1].cache_read_input_tokens or 0) >= 256, usages
+    assert _total_input(usages[1]) > usages[1].cache_read_input_tokens, usages

@@ -142,17 +142,11 @@ def test_forced_named_tool_call_names_the_tool_with_json_arguments(smol_server):
     assert isinstance(json.loads(calls[0].function.arguments), dict)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=jsonschema.ValidationError,
-    reason=(
-        "vLLM 0.32.0 with TOOLS' --tool-call-parser qwen3_coder: a forced named tool_choice constrains only the "
-        "XML frame '<tool_call>\\n<function=NAME>'; parameter names and values are free text, so the arguments "
-        "are not held to the tool's JSON schema (SmolLM2 writes '<parameter=fue_calle>' and rambles: "
-        "arguments '{}'). Qwen models know the format; the guarantee is missing all the same."
-    ),
-)
+@pytest.mark.needs_patch("0021-tool-call-grammar-bounded-whitespace.patch")
 def test_forced_named_tool_call_has_schema_valid_arguments(smol_server):
+    """Once a strict xfail: 0.32.0's default --tool-strict-level auto holds only the '<function=NAME>' frame of a
+    forced call; `hyperqwen serve` passes `parameter`, so the arguments are grammar-held to the schema too
+    (test_agents_tools.py checks it over many seeds on every route)."""
     calls = _forced_weather_call(smol_server).choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
     jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER_TOOL["function"]["parameters"])
@@ -170,3 +164,30 @@ def test_logprobs(smol_server):
         assert len(entry.top_logprobs) == 3
         # Greedy: the sampled token is the most likely one.
         assert entry.logprob == pytest.approx(max(t.logprob for t in entry.top_logprobs), abs=1e-4)
+
+
+# About 1,900 tokens of prompt for SmolLM2 at MAX_LEN 2048: the room left is far below what agents ask for.
+LONG_PROMPT = "Summarise this log. " + " ".join(f"line {i}: request served in {i % 97} ms." for i in range(140))
+
+
+@pytest.mark.needs_patch("0020-max-tokens-clamp-to-context.patch")
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_max_tokens_beyond_the_context_is_clamped_to_a_length_stop(smol_server, stream):
+    """Claude Code asks max_tokens 32000 whatever the context; stock 0.32.0 refused it (400 "cannot be greater
+    than max_model_len"). Clamped, the reply fills exactly the room the prompt leaves and ends as a length stop."""
+    kwargs = dict(model=smol_server.served_model_name, messages=[{"role": "user", "content": LONG_PROMPT}],
+                  max_tokens=32000, temperature=0, extra_body={"ignore_eos": True})
+    client = smol_server.openai()
+    if stream:
+        finish, usage = None, None
+        for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            usage = chunk.usage or usage
+    else:
+        response = client.chat.completions.create(**kwargs)
+        finish, usage = response.choices[0].finish_reason, response.usage
+    max_len = int(smol_server.knobs["MAX_LEN"])
+    assert usage.prompt_tokens > max_len - 400, f"the prompt should nearly fill MAX_LEN: {usage}"
+    assert finish == "length"
+    assert usage.prompt_tokens + usage.completion_tokens == max_len, usage

@@ -1,5 +1,6 @@
 """The Qwen3.5 architecture on the vLLM CPU build, through `hyperqwen serve`: thinking switch, prefix caching,
-MTP speculative decoding (exact), and the CPU build's one known gap (MTP + prefix caching).
+MTP speculative decoding (exact). MTP together with prefix caching (the single-mode default) is tested on a
+state-sensitive variant of this model in test_spec_mtp_prefix_cache.py.
 
 The model is `tiny-qwen3.5-mtp` from `PYTHONPATH=tests python -m support.testmodels`: random weights, so the tests check
 mechanics (where text lands, cache hits, token-for-token equality), never the meaning of the text.
@@ -146,32 +147,3 @@ def test_mtp_server_serves_chat(tiny_qwen_mtp_server):
     response = chat(tiny_qwen_mtp_server)
     assert response.choices[0].message.content
     assert response.usage.completion_tokens > 0
-
-
-# The single-mode defaults for this model: MTP and prefix caching together.
-KNOWN_CPU_KERNEL_FAILURE = "precopy_mamba_align_fused_kernel"
-MTP_WITH_PREFIX_CACHE_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "1"}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=requests.RequestException,
-    reason=(
-        "vLLM 0.32.0 CPU build: MTP + prefix caching puts the GDN state cache in align mode, whose per-step "
-        "state pre-copy runs the Triton kernel precopy_mamba_align_fused_kernel "
-        "(vllm/v1/worker/mamba_utils.py); Triton has no CPU backend, so the engine dies on the first "
-        "request. See docs/cpu-limitations.md."
-    ),
-)
-def test_mtp_with_prefix_caching_on_cpu(server_factory):
-    # The server must start (a startup failure is a real failure, not this expected one); the first
-    # request then kills the engine.
-    with server_factory("tiny-qwen-mtp-prefix", "tiny-qwen", MTP_WITH_PREFIX_CACHE_KNOBS) as server:
-        try:
-            token_ids = greedy_token_ids(server, PROMPTS[0], max_tokens=8)
-        except requests.RequestException:
-            log = server.log_text()
-            if KNOWN_CPU_KERNEL_FAILURE not in log:
-                pytest.fail(f"the engine failed, but not in {KNOWN_CPU_KERNEL_FAILURE}:\n{server.log_tail()}")
-            raise
-        assert len(token_ids) == 8

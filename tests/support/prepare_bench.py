@@ -1,27 +1,28 @@
-"""Benchmark prepare against a plain file copy of the same bytes (a script, not a test).
+"""Benchmark prepare against a plain copy of the same bytes (a script, not a test).
 
-    python -m support.prepare_bench --workdir /work/tmp/prepare-bench [--body-gib 2] [--scenario lm_head]
-        [--json results.json]
+    PYTHONPATH=src:tests python -m support.prepare_bench --workdir /tmp/prepare-bench [--body-gib 2]
+        [--scenario lm_head] [--pairs 5] [--cpus 0] [--json results.json]
 
-Scenarios, each measured in a fresh child process (wall time, GiB/s of source bytes, peak RSS = the child's
-VmHWM, CPU seconds = the child's user+sys over all its threads):
+Scenarios (synthetic checkpoints written once per scenario):
   lm_head:    one shard holding a synthetic full-size lm_head (248,320 x 5,120 bf16, 2.37 GiB);
               prepare requantizes it to int8 group-128.
   checkpoint: a multi-GB multi-shard checkpoint: W4A16 body shards (hard-linked by prepare), the full-size
               lm_head and a full-size MTP head (both requantized), tokenizer and config.
-Baseline: `cp`-like streaming copy (16 MiB chunks, fsync) of exactly the source files of the scenario.
-Page cache is warm for both (the source was just written); the machine is not otherwise idle, so results
-are printed with the load average. Results go to stdout and, with --json, to a file.
+Each pair runs, alternating which goes first, (1) `cp -r SOURCE DEST && sync` and (2) `python -m hyperqwen.prepare`
+into an empty models directory followed by `sync`, both pinned with `taskset -c CPUS` when --cpus is given. The
+ratio copy seconds / prepare seconds is the speed of prepare relative to the copy (1.0 = as fast); the median over
+the pairs is reported. Peak RSS is prepare's own VmHWM; CPU seconds its user+sys over all threads. The written
+lm_head is decoded back from the file and compared with the source, so a wrong result cannot pass as fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -31,38 +32,6 @@ import numpy as np
 
 from hyperqwen.prepare.safetensors_io import OutTensor, build_header, f32_to_bf16_bits
 from support.synthetic_checkpoint import FULL, Spec, config_for, write_tokenizer
-
-COPY_SCRIPT = """
-import os, sys
-src, dst = sys.argv[1], sys.argv[2]
-buf = bytearray(16 << 20)
-for root, _, files in os.walk(src):
-    for name in files:
-        s = os.path.join(root, name)
-        d = os.path.join(dst, os.path.relpath(s, src))
-        os.makedirs(os.path.dirname(d), exist_ok=True)
-        with open(s, "rb") as fin, open(d, "wb") as fout:
-            while True:
-                n = fin.readinto(buf)
-                if not n:
-                    break
-                fout.write(memoryview(buf)[:n])
-            fout.flush()
-            os.fsync(fout.fileno())
-"""
-
-
-@dataclasses.dataclass
-class Measurement:
-    what: str
-    seconds: float
-    bytes_in: int
-    peak_rss_mib: float
-
-    @property
-    def gib_per_s(self) -> float:
-        return self.bytes_in / 2**30 / self.seconds
-
 
 # Runs a module or a script in the child and, at exit, writes the child's own peak RSS (VmHWM). rusage's
 # ru_maxrss is not used: it also counts the forked copy of this (larger) parent before exec.
@@ -87,9 +56,9 @@ finally:
 
 
 def _run_child(kind: str, target: str, args: list[str], peak_file: Path,
-               env: dict[str, str] | None = None) -> tuple[float, float, float]:
+               env: dict[str, str] | None = None, prefix: list[str] | None = None) -> tuple[float, float, float]:
     """(wall seconds, peak RSS MiB, CPU seconds) of `python -m target args` (kind "module") or a script."""
-    argv = [sys.executable, "-c", PEAK_WRAPPER, str(peak_file), kind, target, *args]
+    argv = [*(prefix or []), sys.executable, "-c", PEAK_WRAPPER, str(peak_file), kind, target, *args]
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - start
@@ -210,7 +179,20 @@ def check_lm_head(source: Path, prepared: Path, rows: int = 4096) -> float:
     return float(np.linalg.norm(restored - original) / np.linalg.norm(original))
 
 
-def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head", "checkpoint")) -> dict:
+def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{argv[:3]} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def _pin(cpus: str | None) -> list[str]:
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head", "checkpoint"), pairs: int = 5,
+          cpus: str | None = None) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     for scenario, gib, mtp in (("lm_head", 0.0, False), ("checkpoint", body_gib, True)):
@@ -223,36 +205,59 @@ def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head
         t0 = time.perf_counter()
         make_checkpoint(source, gib, mtp)
         made = time.perf_counter() - t0
+        subprocess.run(["sync"], check=True)
         nbytes = _dir_bytes(source)
         peak = root / "peak-kib"
-        copy_s, copy_rss, copy_cpu = _run_child("script", COPY_SCRIPT, [str(source), str(root / "copy")], peak)
-        shutil.rmtree(root / "copy")
         env = {**os.environ, "MODELS_DIR": str(root / "models"), "MODEL": "m", "MODEL_SOURCE_DIR": str(source),
                "QUANTIZE_EMBED": "0"}
-        prep_s, prep_rss, prep_cpu = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env)
+        runs = []
+        for i in range(pairs):
+            order = ("copy", "prepare") if i % 2 == 0 else ("prepare", "copy")
+            seconds: dict[str, float] = {}
+            for what in order:
+                if what == "copy":
+                    seconds["copy"] = _timed(["sh", "-c", f'{" ".join(_pin(cpus))} cp -r "$0" "$1" && sync',
+                                              str(source), str(root / "copy")])
+                    shutil.rmtree(root / "copy")
+                else:
+                    shutil.rmtree(root / "models", ignore_errors=True)
+                    start = time.perf_counter()
+                    _, rss, cpu = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env,
+                                             prefix=_pin(cpus))
+                    subprocess.run(["sync"], check=True)
+                    seconds["prepare"] = time.perf_counter() - start
+                    seconds["rss"], seconds["cpu"] = rss, cpu
+            runs.append(seconds)
+            print(f"{scenario} pair {i + 1}: copy {seconds['copy']:.2f} s, prepare {seconds['prepare']:.2f} s "
+                  f"(ratio {seconds['copy'] / seconds['prepare']:.2f}), peak RSS {seconds['rss']:.0f} MiB",
+                  flush=True)
         manifest = json.loads((root / "models" / "m" / "hyperqwen-manifest.json").read_text())
         sample_error = check_lm_head(source, root / "models" / "m")
         if not sample_error < 0.01:
             raise SystemExit(f"the written lm_head decodes with relative error {sample_error}: wrong result")
-        noop_s, noop_rss, _ = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env)
-        copy = Measurement("plain copy", copy_s, nbytes, copy_rss)
-        prep = Measurement("prepare", prep_s, nbytes, prep_rss)
+        noop_s, noop_rss, _ = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env,
+                                         prefix=_pin(cpus))
+        ratios = sorted(r["copy"] / r["prepare"] for r in runs)
         results[scenario] = {
             "source_bytes": nbytes, "source_gib": round(nbytes / 2**30, 3), "generate_seconds": round(made, 1),
-            "copy": {"seconds": round(copy.seconds, 2), "gib_per_s": round(copy.gib_per_s, 3),
-                     "peak_rss_mib": round(copy.peak_rss_mib, 1), "cpu_seconds": round(copy_cpu, 2)},
-            "prepare": {"seconds": round(prep.seconds, 2), "gib_per_s": round(prep.gib_per_s, 3),
-                        "peak_rss_mib": round(prep.peak_rss_mib, 1), "cpu_seconds": round(prep_cpu, 2)},
-            "loadavg_1min_after": round(os.getloadavg()[0], 1),
+            "pairs": [{k: round(v, 2) for k, v in r.items()} for r in runs],
+            "copy_seconds_median": round(statistics.median(r["copy"] for r in runs), 2),
+            "prepare_seconds_median": round(statistics.median(r["prepare"] for r in runs), 2),
+            "prepare_speed_vs_copy_median": round(statistics.median(ratios), 3),
+            "prepare_speed_vs_copy_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+            "prepare_peak_rss_mib_max": round(max(r["rss"] for r in runs), 1),
+            "prepare_cpu_seconds_median": round(statistics.median(r["cpu"] for r in runs), 2),
             "prepare_noop_rerun": {"seconds": round(noop_s, 2), "peak_rss_mib": round(noop_rss, 1)},
-            "prepare_speed_vs_copy": round(copy.seconds / prep.seconds, 3),
+            "loadavg_1min_after": round(os.getloadavg()[0], 1),
             "rel_frobenius_error": {k: v["rel_frobenius_error"] for k, v in manifest["quantized"].items()},
             "lm_head_rows_decoded_from_file_rel_error": round(sample_error, 6),
         }
-        print(json.dumps({scenario: results[scenario]}, indent=2), flush=True)
+        print(json.dumps({scenario: {k: v for k, v in results[scenario].items() if k != "pairs"}}, indent=2),
+              flush=True)
         shutil.rmtree(root)
     return {"environment": {"python": platform.python_version(), "machine": platform.machine(),
-                            "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
+                            "cpus_online": os.cpu_count(), "pinned_to": cpus or "(not pinned)",
+                            "loadavg_at_end": os.getloadavg(),
                             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
             "results": results}
 
@@ -264,8 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--scenario", action="append", choices=["lm_head", "checkpoint"],
                         help="run only this scenario (repeatable; default: both)")
+    parser.add_argument("--pairs", type=int, default=5, help="alternated copy/prepare pairs per scenario (median)")
+    parser.add_argument("--cpus", help="pin both sides with taskset -c CPUS (e.g. 0 for one core, 0,1 for two)")
     args = parser.parse_args(argv)
-    out = bench(args.workdir, args.body_gib, tuple(args.scenario or ("lm_head", "checkpoint")))
+    out = bench(args.workdir, args.body_gib, tuple(args.scenario or ("lm_head", "checkpoint")), args.pairs,
+                args.cpus)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from compose_render import render  # tests/unit/compose_render.py
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +36,7 @@ def the_port(service: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("profile", SERVER_PROFILES)
 def test_monitor_runs_in_each_server_profile_on_loopback(project: Path, profile: str) -> None:
     services = render(project, profile)["services"]
-    assert set(services) == {"prepare", profile, "monitor"}
+    assert set(services) == {"init", "prepare", profile, "monitor"}
     monitor, server = services["monitor"], services[profile]
     # The monitor scrapes the server by its alias, the same in both profiles.
     assert "server" in server["networks"]["default"]["aliases"]
@@ -79,7 +78,7 @@ def test_exposure_and_ports_follow_the_env_file(project: Path, profile: str) -> 
 @pytest.mark.parametrize("profile", SERVER_PROFILES)
 def test_webui_profile_adds_open_webui_next_to_a_server(project: Path, profile: str) -> None:
     services = render(project, profile, "webui")["services"]
-    assert set(services) == {"prepare", profile, "monitor", "webui"}
+    assert set(services) == {"init", "prepare", profile, "monitor", "webui"}
     webui = services["webui"]
     image, _, tag = webui["image"].rpartition(":")
     assert image + ":" == OPEN_WEBUI_IMAGE
@@ -89,18 +88,39 @@ def test_webui_profile_adds_open_webui_next_to_a_server(project: Path, profile: 
     assert env["ENABLE_OLLAMA_API"] == "False"
     assert env["ENABLE_PERSISTENT_CONFIG"] == "False"
     assert env["WEBUI_AUTH"] == "True"
-    assert env["API_KEY_FILE"] == "api_key.txt"
+    assert env["ENABLE_EVALUATION_ARENA_MODELS"] == "False", "the model list shows only our model"
     # Open WebUI's start.sh listens on PORT: it must not inherit the server's PORT from .env.
     assert env["PORT"] == "8080" and "env_file" not in webui
     port = the_port(webui)
     assert port["host_ip"] == "127.0.0.1"
     assert str(port["published"]) == "18030" and int(port["target"]) == 8080
-    # Without VLLM_API_KEY the key is read from the models folder's key file at container start.
+    # Without VLLM_API_KEY the key is read at container start from a compose secret: the one key file, not the
+    # models folder (which the WebUI never mounts).
     script = webui["command"][-1].replace("$$", "$")
-    assert '"/models/${API_KEY_FILE}"' in script and "export OPENAI_API_KEY" in script
+    assert "/run/secrets/api_key" in script and "export OPENAI_API_KEY" in script
     assert script.rstrip().endswith("exec bash start.sh")
-    assert any(v["target"] == "/models" and v.get("read_only") for v in webui["volumes"])
-    assert any(v["target"] == "/app/backend/data" and v["type"] == "volume" for v in webui["volumes"])
+    assert [v["target"] for v in webui["volumes"]] == ["/app/backend/data"]
+    assert webui["volumes"][0]["type"] == "volume"
+    assert [sec["source"] for sec in webui["secrets"]] == ["api_key"]
+    secret = render(project, profile, "webui", env_file="MODELS_DIR=/srv/m\nAPI_KEY_FILE=keys/k.txt\n")["secrets"]
+    assert secret["api_key"]["file"] == "/srv/m/keys/k.txt"
+    # Hardening: no capability but reading the key file, no setuid, tini, log rotation, a digest-pinnable tag.
+    assert webui["cap_drop"] == ["ALL"] and webui["cap_add"] == ["DAC_READ_SEARCH"]
+    assert "no-new-privileges:true" in webui["security_opt"] and webui["init"] is True
+    assert webui["logging"]["options"]["max-size"]
+    # After init (it creates the key file the secret mounts); not required, so `--profile webui` alone renders.
+    init = webui["depends_on"]["init"]
+    assert init["condition"] == "service_completed_successfully" and init["required"] is False
+
+
+def test_webui_image_is_the_current_release_and_matches_the_tested_package() -> None:
+    """The image tag and the PyPI release tests/integration/test_webui_browser.py installs are one version."""
+    import re
+
+    tag = re.search(r"image: ghcr\.io/open-webui/open-webui:v(\d+\.\d+\.\d+)", COMPOSE_FILE.read_text())
+    assert tag, "pin Open WebUI to a release tag"
+    major_minor = tuple(int(x) for x in tag.group(1).split(".")[:2])
+    assert major_minor >= (0, 12), f"v{tag.group(1)} is older than the release tested here (0.12.4)"
 
 
 def test_webui_alone_starts_no_server(project: Path) -> None:

@@ -7,7 +7,6 @@ import fcntl
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -124,7 +123,8 @@ def test_permission_line_names_the_host_path_and_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELS_DIR", str(tmp_path))
     monkeypatch.setenv("HYPERQWEN_MODELS_HOST", "/srv/models")
     line = ep.permission_line(tmp_path / "qwen3.8-27b" / ".lock", 1000, 1000)
-    assert line.startswith("/srv/models/qwen3.8-27b/.lock (") and "sudo chown -R 1000:1000 /srv/models/qwen3.8-27b" in line
+    assert line.startswith("/srv/models/qwen3.8-27b/.lock (")
+    assert "sudo chown -R 1000:1000 /srv/models/qwen3.8-27b" in line
     cache_line = ep.permission_line(Path("/cache/vllm"), 1000, 1000)
     assert "docker compose run --rm --user 0 init" in cache_line
 

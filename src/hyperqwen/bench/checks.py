@@ -25,7 +25,7 @@ def contains_tokens(text: str, phrase: str) -> bool:
     if not needle:
         return False
     n = len(needle)
-    return any(hay[i:i + n] == needle for i in range(len(hay) - n + 1))
+    return any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
 
 
 def answer_matches(text: str, accepted: Sequence[str], max_extra_tokens: int = 12) -> bool:
@@ -48,7 +48,7 @@ def needle_code(run_id: str, label: str) -> str:
     """A code unique to this run and label (XXXX-XXXX-XXXX), reproducible from both, so a test can know it."""
     digest = hashlib.sha256(f"{run_id}:{label}".encode()).digest()
     chars = [_CODE_ALPHABET[b % len(_CODE_ALPHABET)] for b in digest[:12]]
-    return "-".join("".join(chars[i:i + 4]) for i in (0, 4, 8))
+    return "-".join("".join(chars[i : i + 4]) for i in (0, 4, 8))
 
 
 def needle_check(reply: str, code: str, max_chars: int = 200) -> dict:

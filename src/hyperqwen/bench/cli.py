@@ -31,8 +31,21 @@ WORKLOAD_DOCS: dict[str, str] = {
 }
 
 # Options forwarded to workloads (dest names); each workload reads the ones it uses.
-WORKLOAD_OPTIONS = ("concurrency", "requests", "waves", "prompt_tokens", "context_tokens", "lengths", "depths",
-                    "repeats", "dataset", "limit", "window_chars", "no_ignore_eos", "check_samples")
+WORKLOAD_OPTIONS = (
+    "concurrency",
+    "requests",
+    "waves",
+    "prompt_tokens",
+    "context_tokens",
+    "lengths",
+    "depths",
+    "repeats",
+    "dataset",
+    "limit",
+    "window_chars",
+    "no_ignore_eos",
+    "check_samples",
+)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,19 +60,27 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", help="salt prefix (default: random, so no earlier run's cache can help)")
     parser.add_argument("--data-dir", type=Path, help="bench data directory (default: bench/data of this checkout)")
     parser.add_argument("--server-log", type=Path, help="vLLM log to read the KV pool size from")
-    parser.add_argument("--env-file", type=Path,
-                        help="only when the server has no environment route: .env describing its knobs")
+    parser.add_argument(
+        "--env-file", type=Path, help="only when the server has no environment route: .env describing its knobs"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
-    parser.add_argument("--thinking", action="store_true",
-                        help="leave the model's thinking on (default: chat_template_kwargs enable_thinking=false, "
-                             "as the reference measured)")
+    parser.add_argument(
+        "--thinking",
+        action="store_true",
+        help="leave the model's thinking on (default: chat_template_kwargs enable_thinking=false, "
+        "as the reference measured)",
+    )
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
     parser.add_argument("--out", type=Path, help="write the result JSON here (default: stdout)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature (default 0, greedy; -1: the server's default sampling)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature (default 0, greedy; -1: the server's default sampling)",
+    )
     parser.add_argument("--max-tokens", type=int, help="output tokens per request (workload default if unset)")
     parser.add_argument("--concurrency", help="comma-separated concurrency levels (chat, ladder) or workers (gsm8k)")
     parser.add_argument("--requests", type=int, help="requests per cohort (chat, ladder; default: whole waves)")
@@ -73,15 +94,20 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="use only the first N items (gsm8k, perplexity)")
     parser.add_argument("--window-chars", type=int, help="perplexity window size in characters (default 2000)")
     parser.add_argument("--no-ignore-eos", action="store_true", help="ladder: do not send vLLM's ignore_eos")
-    parser.add_argument("--check-samples", type=int,
-                        help="greedy cohorts: requests per cohort re-run alone as the greedy reference (default 1)")
+    parser.add_argument(
+        "--check-samples",
+        type=int,
+        help="greedy cohorts: requests per cohort re-run alone as the greedy reference (default 1)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser(
-        "bench", help="benchmarks and correctness gates against an OpenAI-compatible server",
+        "bench",
+        help="benchmarks and correctness gates against an OpenAI-compatible server",
         description="`suite` runs the whole field report; a workload name runs one workload and saves one JSON "
-                    "result; `render` turns result files into Markdown; `report` rebuilds a suite's report.")
+        "result; `render` turns result files into Markdown; `report` rebuilds a suite's report.",
+    )
     inner = bench.add_subparsers(dest="bench_command", required=True, metavar="suite|<workload>|render|report")
     from hyperqwen.bench import suite  # standard library only at import time
 
@@ -125,8 +151,12 @@ async def fetch_server_environment(client: Any) -> tuple[dict | None, str | None
     status, body = await client.get_json(ROUTE)
     if status == 200 and body is not None:
         return body, None
-    reasons = {0: "no answer", 401: "401: wrong or missing --api-key", 403: "403: the server has no API key, "
-               "so it keeps its environment private", 404: "404: not a HyperQwen server (patch 0050 not applied)"}
+    reasons = {
+        0: "no answer",
+        401: "401: wrong or missing --api-key",
+        403: "403: the server has no API key, so it keeps its environment private",
+        404: "404: not a HyperQwen server (patch 0050 not applied)",
+    }
     return None, f"{ROUTE}: {reasons.get(status, f'HTTP {status}')}"
 
 
@@ -136,8 +166,12 @@ def request_gate(client: Any) -> dict:
 
     total, failed = client.requests_total, client.requests_failed
     passed = total > 0 and failed <= MAX_FAILED_SHARE * total
-    gate = {"passed": passed, "requests": total, "failed": failed,
-            "pass_mark": f"at most {MAX_FAILED_SHARE:.0%} failed"}
+    gate = {
+        "passed": passed,
+        "requests": total,
+        "failed": failed,
+        "pass_mark": f"at most {MAX_FAILED_SHARE:.0%} failed",
+    }
     if client.first_error:
         gate["first_error"] = client.first_error[:300]
     return gate
@@ -167,14 +201,28 @@ async def run_workload(args: argparse.Namespace, client: Any = None, environment
             version = await client.version()
             metrics_text = await client.metrics_text()
             server, note = await fetch_server_environment(client)
-            environment = build_environment(version=version, metrics_text=metrics_text, server_log=args.server_log,
-                                            env_file=args.env_file, hardware=args.hardware, label=args.label,
-                                            server=server, server_note=note)
+            environment = build_environment(
+                version=version,
+                metrics_text=metrics_text,
+                server_log=args.server_log,
+                env_file=args.env_file,
+                hardware=args.hardware,
+                label=args.label,
+                server=server,
+                server_note=note,
+            )
         options = {name: getattr(args, name, None) for name in WORKLOAD_OPTIONS}
         counts = (client.requests_total, client.requests_failed, client.first_error)
         client.requests_total, client.requests_failed, client.first_error = 0, 0, None
-        ctx = RunContext(client=client, data_root=root, run_id=args.run_id or secrets.token_hex(4), seed=args.seed,
-                         temperature=temperature_of(args), max_tokens=args.max_tokens, options=options)
+        ctx = RunContext(
+            client=client,
+            data_root=root,
+            run_id=args.run_id or secrets.token_hex(4),
+            seed=args.seed,
+            temperature=temperature_of(args),
+            max_tokens=args.max_tokens,
+            options=options,
+        )
         t0 = time.perf_counter()
         results = await func(ctx)
         duration = time.perf_counter() - t0
@@ -186,12 +234,26 @@ async def run_workload(args: argparse.Namespace, client: Any = None, environment
     finally:
         if own:
             await client.close()
-    params = {"temperature": temperature_of(args), "max_tokens": args.max_tokens,
-              **{k: v for k, v in options.items() if v not in (None, False)}}
-    return {"schema": SCHEMA, "definitions_version": DEFINITIONS_VERSION, "workload": args.workload,
-            "model": model, "server_url": client.base_url, "run_id": ctx.run_id, "seed": args.seed,
-            "params": params, "duration_s": duration, "environment": environment, "gates": ctx.gates,
-            "warnings": warnings, "results": results}
+    params = {
+        "temperature": temperature_of(args),
+        "max_tokens": args.max_tokens,
+        **{k: v for k, v in options.items() if v not in (None, False)},
+    }
+    return {
+        "schema": SCHEMA,
+        "definitions_version": DEFINITIONS_VERSION,
+        "workload": args.workload,
+        "model": model,
+        "server_url": client.base_url,
+        "run_id": ctx.run_id,
+        "seed": args.seed,
+        "params": params,
+        "duration_s": duration,
+        "environment": environment,
+        "gates": ctx.gates,
+        "warnings": warnings,
+        "results": results,
+    }
 
 
 def write_json_atomic(path: Path, doc: dict) -> None:
@@ -221,8 +283,11 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"hyperqwen bench: warning: {text}", file=sys.stderr)
     if args.out:
         write_json_atomic(args.out, doc)
-        print(f"hyperqwen bench: {args.workload} against {doc['server_url']} (key {mask_key(api_key(args))}) "
-              f"-> {args.out}", file=sys.stderr)
+        print(
+            f"hyperqwen bench: {args.workload} against {doc['server_url']} (key {mask_key(api_key(args))}) "
+            f"-> {args.out}",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     failed = failed_gates(doc)

@@ -44,8 +44,14 @@ async def _mark_sent(session, context, params) -> None:
 class BenchClient:
     """One aiohttp session (aiohttp: its per-request overhead is small enough not to show in TTFT)."""
 
-    def __init__(self, url: str, api_key: str | None, model: str | None = None, timeout_s: float = 600.0,
-                 max_connections: int = 256):
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        max_connections: int = 256,
+    ):
         self.base_url = normalize_base_url(url)
         self.api_key = api_key
         self.model = model
@@ -55,6 +61,7 @@ class BenchClient:
         self._session: aiohttp.ClientSession | None = None
         # Problems that do not stop a run but change how to read it (e.g. no usage in the stream).
         self.warnings: dict[str, str] = {}
+        self.model_card: dict[str, Any] = {}  # the served model's /v1/models entry
         # Every generation request of the run and those that failed: a run whose requests mostly failed
         # must not exit 0 with an all-dash table (the cli turns these into the `requests` gate).
         self.requests_total = 0
@@ -73,8 +80,11 @@ class BenchClient:
             trace.on_request_headers_sent.append(_mark_sent)
             trace.on_request_chunk_sent.append(_mark_sent)
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout, trace_configs=[trace],
-                connector=aiohttp.TCPConnector(limit=self._max_connections, force_close=False))
+                headers=self._headers,
+                timeout=self._timeout,
+                trace_configs=[trace],
+                connector=aiohttp.TCPConnector(limit=self._max_connections, force_close=False),
+            )
         return self._session
 
     async def __aenter__(self) -> Self:
@@ -97,11 +107,14 @@ class BenchClient:
             async with self.session.get(self._url("/v1/models")) as response:
                 status, text = response.status, await response.text()
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise BenchError(f"cannot reach {self.base_url}/v1/models ({type(exc).__name__}: {exc}); is the server up "
-                             "and --url right?") from None
+            raise BenchError(
+                f"cannot reach {self.base_url}/v1/models ({type(exc).__name__}: {exc}); is the server up "
+                "and --url right?"
+            ) from None
         if status == 401:
-            raise BenchError(f"{self.base_url} answered 401: --api-key (given: {mask_key(self.api_key)}) is wrong "
-                             "or missing")
+            raise BenchError(
+                f"{self.base_url} answered 401: --api-key (given: {mask_key(self.api_key)}) is wrong or missing"
+            )
         if status != 200:
             raise BenchError(f"GET {self.base_url}/v1/models answered {status}: {text[:200]}")
         try:
@@ -120,7 +133,7 @@ class BenchClient:
     @property
     def max_model_len(self) -> int | None:
         """The served context length (vLLM lists max_model_len in /v1/models); None when not said."""
-        value = getattr(self, "model_card", {}).get("max_model_len")
+        value = self.model_card.get("max_model_len")
         return int(value) if isinstance(value, int | float) else None
 
     async def get_text(self, path: str) -> str | None:
@@ -163,8 +176,10 @@ class BenchClient:
 
     async def warm_up(self, connections: int) -> None:
         """Open `connections` keep-alive connections first, so no request pays a TCP handshake in its TTFT."""
+
         async def touch() -> None:
             await self.get_text("/v1/models")
+
         await asyncio.gather(*(touch() for _ in range(max(1, connections))))
 
     def _count(self, error: str | None) -> None:
@@ -207,16 +222,16 @@ class BenchClient:
     # ---- streaming -------------------------------------------------------------------------------
     async def stream(self, path: str, payload: dict[str, Any]) -> RequestRecord:
         """POST a streaming request and time every output-bearing chunk at arrival."""
-        payload = {"model": self.model, **payload, "stream": True,
-                   "stream_options": {"include_usage": True}}
+        payload = {"model": self.model, **payload, "stream": True, "stream_options": {"include_usage": True}}
         # Encode the body before the clock starts: TTFT is the server's and the network's time, not ours.
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         state: dict = {"usage": None, "tools": {}}
         record = RequestRecord(t_sent=time.perf_counter())
         try:
-            async with self.session.post(self._url(path), data=body, headers=headers,
-                                         trace_request_ctx={"record": record}) as response:
+            async with self.session.post(
+                self._url(path), data=body, headers=headers, trace_request_ctx={"record": record}
+            ) as response:
                 if response.status != 200:
                     text = await response.text()
                     record.error = f"HTTP {response.status}: {text[:300]}"
@@ -245,14 +260,18 @@ class BenchClient:
         if counted is not None:
             record.output_tokens = counted
             record.output_tokens_source = "tokenize"
-            self.warnings.setdefault("no_usage", "the server sent no `usage` in the stream (stream_options."
-                                     "include_usage ignored); output tokens were counted with its /tokenize route")
+            self.warnings.setdefault(
+                "no_usage",
+                "the server sent no `usage` in the stream (stream_options."
+                "include_usage ignored); output tokens were counted with its /tokenize route",
+            )
         else:
             record.output_tokens = record.output_chunks
             record.output_tokens_source = "chunks"
             self.warnings["no_usage_no_tokenize"] = (
                 "the server sent no `usage` in the stream and has no /tokenize route: output tokens are counted "
-                "as chunks, so every token-based number (decode, TPOT, aggregate) is unreliable")
+                "as chunks, so every token-based number (decode, TPOT, aggregate) is unreliable"
+            )
 
     @staticmethod
     async def _consume(response: aiohttp.ClientResponse, record: RequestRecord, state: dict) -> None:
@@ -294,8 +313,9 @@ class BenchClient:
                 record.t_last = now
 
     async def stream_chat(self, messages: list[dict], max_tokens: int, **params) -> RequestRecord:
-        return await self.stream("/v1/chat/completions",
-                                 {"messages": messages, "max_tokens": max_tokens, **self.chat_extra, **params})
+        return await self.stream(
+            "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens, **self.chat_extra, **params}
+        )
 
     async def stream_completion(self, prompt: str, max_tokens: int, **params) -> RequestRecord:
         return await self.stream("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **params})

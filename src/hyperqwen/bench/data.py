@@ -23,8 +23,10 @@ def data_dir(override: str | Path | None = None) -> Path:
     for path in candidates:
         if (path / "chat_prompts.jsonl").is_file():
             return path
-    raise BenchError(f"bench data directory {candidates[0]} has no chat_prompts.jsonl; pass --data-dir pointing "
-                     f"at the repository's bench/data (or set {DATA_ENV})")
+    raise BenchError(
+        f"bench data directory {candidates[0]} has no chat_prompts.jsonl; pass --data-dir pointing "
+        f"at the repository's bench/data (or set {DATA_ENV})"
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -96,8 +98,14 @@ class TokenCounter:
         return await self.count(content_without_document) + 16  # a typical template's share
 
 
-async def document_of_tokens(counter: TokenCounter, paragraphs: list[Paragraph], target_tokens: int,
-                             rotate: int = 0, seed: int = 0, cycle_label: bool = True) -> str:
+async def document_of_tokens(
+    counter: TokenCounter,
+    paragraphs: list[Paragraph],
+    target_tokens: int,
+    rotate: int = 0,
+    seed: int = 0,
+    cycle_label: bool = True,
+) -> str:
     """Paragraphs of the corpus from paragraph `rotate` on, cycling when the corpus is shorter, cut at a word
     boundary so the text is at most target_tokens long and within a few tokens of it."""
     if target_tokens <= 0:

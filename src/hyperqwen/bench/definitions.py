@@ -213,8 +213,9 @@ def steady_decode(records: Sequence[RequestRecord]) -> float | None:
     return tokens / (stop - start)
 
 
-def cohort_summary(records: Sequence[RequestRecord], t_start: float, t_stop: float,
-                   concurrency: int | None = None) -> dict:
+def cohort_summary(
+    records: Sequence[RequestRecord], t_start: float, t_stop: float, concurrency: int | None = None
+) -> dict:
     """Every per-request metric summarised, plus aggregate throughput over the cohort's wall time."""
     ok = [r for r in records if r.error is None]
     total_out = sum(r.output_tokens or 0 for r in ok)

@@ -19,12 +19,18 @@ def project_commit(repo: Path = REPO_ROOT) -> str | None:
     if not (repo / ".git").exists() or shutil.which("git") is None:
         return None
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=False)
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=False)
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -49,7 +55,7 @@ def _load_average() -> float | None:
 def bench_host_knobs(env_file: Path | None) -> dict[str, str] | None:
     """Explicitly set knobs as the bench host's settings loader sees them (hyperqwen.config.load: defaults <
     mode profile < .env < environment), secrets masked. Only a fallback: the server's own knobs come from
-    its environment route. None when the settings do not resolve (the report says why elsewhere)."""
+    its environment route. None when the environment's settings do not resolve."""
     try:
         from hyperqwen.config.load import load_settings
         from hyperqwen.config.settings import SettingsError
@@ -57,7 +63,11 @@ def bench_host_knobs(env_file: Path | None) -> dict[str, str] | None:
         return None
     try:
         settings = load_settings(os.environ, env_file=env_file)
-    except (SettingsError, OSError, ValueError):
+    except (SettingsError, OSError, ValueError) as exc:
+        if env_file is not None:  # asked for by name: its problem is the user's to fix
+            from hyperqwen.bench.errors import BenchError
+
+            raise BenchError(f"--env-file {env_file}: {exc}") from None
         return None
     return {name: settings.setting(name).display() for name in settings if settings.explicit(name)}
 
@@ -73,9 +83,17 @@ def server_hardware(server: dict | None) -> str | None:
     return "cpu" if "gpus" in server or live.get("torch") else None
 
 
-def build_environment(*, version: str | None, metrics_text: str | None, server_log: Path | None,
-                      env_file: Path | None, hardware: str | None, label: str | None,
-                      server: dict | None = None, server_note: str | None = None) -> dict:
+def build_environment(
+    *,
+    version: str | None,
+    metrics_text: str | None,
+    server_log: Path | None,
+    env_file: Path | None,
+    hardware: str | None,
+    label: str | None,
+    server: dict | None = None,
+    server_note: str | None = None,
+) -> dict:
     """`server`: the body of the server's authenticated /hyperqwen/environment route (None when it has none);
     the bench host is recorded separately and never stands in for the server's GPU."""
     pool = prom.pool_size_from_metrics(metrics_text) if metrics_text else None
@@ -93,10 +111,15 @@ def build_environment(*, version: str | None, metrics_text: str | None, server_l
         "vllm_version": version,
         "server": server,
         "server_note": server_note,
-        "bench_host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                       "platform": serverside.platform_kind(), "gpus": serverside.gpu_facts(),
-                       # Other load on the bench host skews numbers; only telling when the server runs here too.
-                       "load_average_1m_at_end": _load_average()},
+        "bench_host": {
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": serverside.platform_kind(),
+            "gpus": serverside.gpu_facts(),
+            # Other load on the bench host skews numbers; only telling when the server runs here too.
+            "load_average_1m_at_end": _load_average(),
+        },
         "knobs": knobs if knobs is not None else bench_host_knobs(env_file),
         "knobs_source": "server environment" if knobs is not None else "bench host settings (server did not say)",
         "pool": pool,

@@ -101,8 +101,16 @@ def pool_size_from_metrics(text: str) -> dict | None:
             continue
         labels = sample.labels
         info: dict = {"source": "/metrics vllm:cache_config_info"}
-        for key in ("kv_cache_size_tokens", "num_gpu_blocks", "block_size", "cache_dtype", "enable_prefix_caching",
-                    "mamba_ssm_cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization"):
+        for key in (
+            "kv_cache_size_tokens",
+            "num_gpu_blocks",
+            "block_size",
+            "cache_dtype",
+            "enable_prefix_caching",
+            "mamba_ssm_cache_dtype",
+            "kv_cache_memory_bytes",
+            "gpu_memory_utilization",
+        ):
             if key in labels and labels[key] not in ("", "None"):
                 info[key] = labels[key]
         tokens = _as_int(info.get("kv_cache_size_tokens"))

@@ -17,7 +17,7 @@ from hyperqwen.bench import render
 from hyperqwen.bench.definitions import DEFINITIONS, DEFINITIONS_VERSION
 
 REPORT_SCHEMA = "hyperqwen-bench-report/1"
-REFERENCE_FILE = Path(__file__).resolve().parents[3] / "bench" / "reference.json"
+REFERENCE_NAME = "reference.json"  # in the bench data directory (bench/data of the repo, or the wheel's copy)
 ISSUE_FORM = ".github/ISSUE_TEMPLATE/field-report.yml"
 
 
@@ -50,13 +50,16 @@ def resolve(steps: dict[str, dict], path: str) -> Any:
         else:
             key, _, wanted = selector.partition("=")
             field = _SELECTOR_FIELDS.get(key, key)
-            value = next((item for item in value if isinstance(item, dict) and float(item.get(field, -1)) ==
-                          float(wanted)), None)
+            value = next(
+                (item for item in value if isinstance(item, dict) and float(item.get(field, -1)) == float(wanted)), None
+            )
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def load_reference(path: Path = REFERENCE_FILE) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+def load_reference(path: Path | None = None) -> dict:
+    from hyperqwen.bench.data import data_dir
+
+    return json.loads((path or data_dir() / REFERENCE_NAME).read_text(encoding="utf-8"))
 
 
 def spec_of(environment: dict) -> str | None:
@@ -77,9 +80,20 @@ def compare(steps: dict[str, dict], environment: dict, reference: dict) -> list[
             ratio = (row["value"] / ours if ours else None) if row.get("lower_is_better") else ours / row["value"]
         same = None if spec is None or row["spec"] == "any" else (row["spec"] == spec)
         source = reference["sources"][row["source"]]
-        rows.append({"id": row["id"], "what": row["what"], "theirs": row["value"], "ours": ours, "ratio": ratio,
-                     "unit": row["unit"], "definition": row["definition"], "same_configuration": same,
-                     "source": source["title"], "source_url": source.get("url")})
+        rows.append(
+            {
+                "id": row["id"],
+                "what": row["what"],
+                "theirs": row["value"],
+                "ours": ours,
+                "ratio": ratio,
+                "unit": row["unit"],
+                "definition": row["definition"],
+                "same_configuration": same,
+                "source": source["title"],
+                "source_url": source.get("url"),
+            }
+        )
     return rows
 
 
@@ -108,10 +122,12 @@ def make_plots(out: Path, steps: dict[str, dict]) -> dict[str, str]:
     if points:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         cs = [s["concurrency"] for s in points]
-        series = [("aggregate (output tokens / wall time)", [s.get("aggregate_tok_s") for s in points]),
-                  ("steady decode", [s.get("steady_decode_tok_s") for s in points]),
-                  ("reference def.: C x 1000 / mean TPOT", [s.get("decode_reference_tok_s") for s in points]),
-                  ("per-stream decode, ours (median)", [s["decode_tok_s"]["median"] for s in points])]
+        series = [
+            ("aggregate (output tokens / wall time)", [s.get("aggregate_tok_s") for s in points]),
+            ("steady decode", [s.get("steady_decode_tok_s") for s in points]),
+            ("reference def.: C x 1000 / mean TPOT", [s.get("decode_reference_tok_s") for s in points]),
+            ("per-stream decode, ours (median)", [s["decode_tok_s"]["median"] for s in points]),
+        ]
         for label, values in series:
             xs = [c for c, v in zip(cs, values) if v is not None]
             ys = [v for v in values if v is not None]
@@ -147,11 +163,17 @@ def make_plots(out: Path, steps: dict[str, dict]) -> dict[str, str]:
         made["ttft_vs_prompt_length"] = "plots/ttft_vs_prompt_length.png"
 
     acceptance = []
-    for name, label in (("chat_greedy", "chat C1, greedy"), ("chat_default", "chat C1, default sampling"),
-                        ("reproduce", "document reproduction")):
+    for name, label in (
+        ("chat_greedy", "chat C1, greedy"),
+        ("chat_default", "chat C1, default sampling"),
+        ("reproduce", "document reproduction"),
+    ):
         results = (steps.get(name) or {}).get("results") or {}
-        spec = results.get("spec_decode") if name == "reproduce" else ((results.get("cohorts") or [{}])[0]
-                                                                       .get("spec_decode"))
+        spec = (
+            results.get("spec_decode")
+            if name == "reproduce"
+            else ((results.get("cohorts") or [{}])[0].get("spec_decode"))
+        )
         if spec and spec.get("acceptance_per_position"):
             acceptance.append((label, spec["acceptance_per_position"]))
     if acceptance:
@@ -183,10 +205,22 @@ def _gates(steps: dict[str, dict]) -> dict[str, dict]:
 
 
 def _gate_detail(gate: dict) -> str:
-    keys = ("exact_match", "found", "reproduced_share", "agreed", "checked", "failed", "requests", "pass_mark",
-            "first_error")
-    return "; ".join(f"{k} {render.num(gate[k], 3) if isinstance(gate[k], float) else gate[k]}"
-                     for k in keys if k in gate and gate[k] not in (None, []))
+    keys = (
+        "exact_match",
+        "found",
+        "reproduced_share",
+        "agreed",
+        "checked",
+        "failed",
+        "requests",
+        "pass_mark",
+        "first_error",
+    )
+    return "; ".join(
+        f"{k} {render.num(gate[k], 3) if isinstance(gate[k], float) else gate[k]}"
+        for k in keys
+        if k in gate and gate[k] not in (None, [])
+    )
 
 
 def _server_lines(environment: dict) -> list[str]:
@@ -198,11 +232,15 @@ def _server_lines(environment: dict) -> list[str]:
     lines = [
         f"- GPU: {render.gpu_text(environment)}",
         f"- platform: {server.get('platform') or 'unknown'} (kernel {server.get('kernel') or '?'})",
-        (f"- vLLM {live.get('vllm_version') or versions.get('vllm') or environment.get('vllm_version') or '?'}, "
-         f"torch {live.get('torch') or versions.get('torch') or '?'}, CUDA {live.get('torch_cuda') or '–'}"),
+        (
+            f"- vLLM {live.get('vllm_version') or versions.get('vllm') or environment.get('vllm_version') or '?'}, "
+            f"torch {live.get('torch') or versions.get('torch') or '?'}, CUDA {live.get('torch_cuda') or '–'}"
+        ),
         f"- patch series: {', '.join(p['name'].split('-')[0] for p in series) or 'unknown'}",
-        (f"- model: {model.get('repo') or environment.get('model') or '?'} @ {model.get('revision') or '?'}; "
-         f"prepared files sha256 {model.get('files_sha256') or '–'}"),
+        (
+            f"- model: {model.get('repo') or environment.get('model') or '?'} @ {model.get('revision') or '?'}; "
+            f"prepared files sha256 {model.get('files_sha256') or '–'}"
+        ),
     ]
     if environment.get("server_note"):
         lines.append(f"- **server environment unavailable**: {environment['server_note']}")
@@ -252,22 +290,33 @@ def build_markdown(report: dict) -> str:
         out += ["**CPU numbers (vLLM CPU build, no GPU): not comparable with GPU results.**", ""]
     if report["quick"]:
         out += ["**Quick run (`--quick`): every workload shrunk to a smoke test; not a measurement.**", ""]
-    out += [f"Generated {report['generated_utc']} by `hyperqwen bench suite` against `{report['server_url']}` "
-            f"(model `{report['model']}`). Definitions of every number are at the end.", ""]
+    out += [
+        f"Generated {report['generated_utc']} by `hyperqwen bench suite` against `{report['server_url']}` "
+        f"(model `{report['model']}`). Definitions of every number are at the end.",
+        "",
+    ]
     failed = report["failed_gates"]
-    out += ["## Verdict", "", "All gates passed." if not failed else f"**{len(failed)} gate(s) FAILED**: "
-            + ", ".join(failed), ""]
-    out += render.table(["gate", "result", "detail"],
-                        [[name, "pass" if g["passed"] else "**FAIL**", _gate_detail(g)]
-                         for name, g in report["gates"].items()]) + [""]
+    out += [
+        "## Verdict",
+        "",
+        "All gates passed." if not failed else f"**{len(failed)} gate(s) FAILED**: " + ", ".join(failed),
+        "",
+    ]
+    out += render.table(
+        ["gate", "result", "detail"],
+        [[name, "pass" if g["passed"] else "**FAIL**", _gate_detail(g)] for name, g in report["gates"].items()],
+    ) + [""]
     if report["warnings"]:
         out += ["Warnings:", ""] + [f"- {text}" for text in report["warnings"].values()] + [""]
     out += ["## Server", ""] + _server_lines(env)
     knobs = env.get("knobs") or {}
     out += [f"- knobs ({env.get('knobs_source')}): {', '.join(f'{k}={v}' for k, v in sorted(knobs.items())) or '–'}"]
     host = env.get("bench_host") or {}
-    out += [f"- bench host (recorded separately): {host.get('cpus')} CPUs, {host.get('platform')}, load average "
-            f"{render.num(host.get('load_average_1m_at_end'), 2)} at the end", ""]
+    out += [
+        f"- bench host (recorded separately): {host.get('cpus')} CPUs, {host.get('platform')}, load average "
+        f"{render.num(host.get('load_average_1m_at_end'), 2)} at the end",
+        "",
+    ]
     for name, doc in steps.items():
         note = (doc.get("suite") or {}).get("note", "")
         out += [f"## {name}" + (f" ({note})" if note else ""), ""]
@@ -279,28 +328,51 @@ def build_markdown(report: dict) -> str:
         if plot and plot in report["plots"]:
             out += [f"![{plot}]({report['plots'][plot]})", ""]
     if "acceptance_per_position" in report["plots"]:
-        out += ["## Acceptance per draft position", "", f"![acceptance]({report['plots']['acceptance_per_position']})",
-                ""]
-    out += ["## Against the reference", "",
-            "The reference's published numbers (bench/reference.json; theirs, measured on an RTX 3090 at 250 W with "
-            "vLLM 0.27.1 and that project's patches). Ratio: ours / theirs, inverted for lower-is-better rows, so "
-            "above 1 is better than the reference. Decode rows use the reference's definition (C x 1000 / mean "
-            "TPOT), printed beside ours in the tables above.", ""]
-    out += render.table(["reference", "theirs", "ours", "ratio", "definition", "same configuration", "source"],
-                        [[r["what"], f"{render.num(r['theirs'], 2)} {r['unit']}", render.num(r["ours"], 2),
-                          render.num(r["ratio"], 2), r["definition"],
-                          {True: "yes", False: "no", None: "unknown"}[r["same_configuration"]],
-                          r["source"] + (f" ({r['source_url']})" if r["source_url"] else "")]
-                         for r in report["reference"]]) + [""]
+        out += [
+            "## Acceptance per draft position",
+            "",
+            f"![acceptance]({report['plots']['acceptance_per_position']})",
+            "",
+        ]
+    out += [
+        "## Against the reference",
+        "",
+        "The reference's published numbers (bench/data/reference.json; theirs, measured on an RTX 3090 at 250 W "
+        "with vLLM 0.27.1 and that project's patches). Ratio: ours / theirs, inverted for lower-is-better rows, so "
+        "above 1 is better than the reference. Decode rows use the reference's definition (C x 1000 / mean "
+        "TPOT), printed beside ours in the tables above.",
+        "",
+    ]
+    out += render.table(
+        ["reference", "theirs", "ours", "ratio", "definition", "same configuration", "source"],
+        [
+            [
+                r["what"],
+                f"{render.num(r['theirs'], 2)} {r['unit']}",
+                render.num(r["ours"], 2),
+                render.num(r["ratio"], 2),
+                r["definition"],
+                {True: "yes", False: "no", None: "unknown"}[r["same_configuration"]],
+                r["source"] + (f" ({r['source_url']})" if r["source_url"] else ""),
+            ]
+            for r in report["reference"]
+        ],
+    ) + [""]
     out += ["## Definitions", ""] + [f"- **{name}**: {text}" for name, text in DEFINITIONS.items()] + [""]
-    out += ["## Field report", "",
-            f"Paste this block into a new issue with the *Field report* form ({ISSUE_FORM}) and attach "
-            "`report.json`:", "", "```text", paste_block(report), "```", ""]
+    out += [
+        "## Field report",
+        "",
+        f"Paste this block into a new issue with the *Field report* form ({ISSUE_FORM}) and attach `report.json`:",
+        "",
+        "```text",
+        paste_block(report),
+        "```",
+        "",
+    ]
     return "\n".join(out)
 
 
-def write_report(out: Path, steps: dict[str, dict], *, environment: dict, quick: bool,
-                 planned: list[str]) -> dict:
+def write_report(out: Path, steps: dict[str, dict], *, environment: dict, quick: bool, planned: list[str]) -> dict:
     """Write report.json, report.md and the plots into out; return the report document."""
     ordered = {name: steps[name] for name in planned if name in steps}
     first = next(iter(ordered.values()), {})

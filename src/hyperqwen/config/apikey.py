@@ -30,22 +30,29 @@ def key_policy_violation(key: str) -> str | None:
     """What is wrong with `key` (without showing it), or None when it passes the rule."""
     bad = sorted({f"U+{ord(ch):04X}" for ch in key if not 0x21 <= ord(ch) <= 0x7E})
     if bad:
-        what = "a space" if bad == ["U+0020"] else "characters outside printable ASCII (" + ", ".join(bad[:4]) + (
-            ", ..." if len(bad) > 4 else "") + ")"
-        return (f"the key contains {what}, which clients cannot send in a header; use only printable ASCII "
-                f"without spaces, e.g. `{MAKE_KEY}`")
+        what = (
+            "a space"
+            if bad == ["U+0020"]
+            else "characters outside printable ASCII (" + ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "") + ")"
+        )
+        return (
+            f"the key contains {what}, which clients cannot send in a header; use only printable ASCII "
+            f"without spaces, e.g. `{MAKE_KEY}`"
+        )
     if len(key) < MIN_KEY_LENGTH:
-        return (f"the key has {len(key)} characters; at least {MIN_KEY_LENGTH} are needed (a short key can be "
-                f"guessed); make one with `{MAKE_KEY}`")
+        return (
+            f"the key has {len(key)} characters; at least {MIN_KEY_LENGTH} are needed (a short key can be "
+            f"guessed); make one with `{MAKE_KEY}`"
+        )
     return None
 
 
 def path_problem(path: Path) -> str | None:
     """Why `path` cannot be opened on Linux before even trying (too long), or None."""
     text = str(path)
-    if len(text.encode("utf-8", "surrogateescape")) > PATH_MAX:
+    if len(text.encode("utf-8", "surrogatepass")) > PATH_MAX:
         return f"the path has {len(text)} characters; Linux allows at most {PATH_MAX} bytes"
-    longest = max((len(part.encode("utf-8", "surrogateescape")) for part in path.parts), default=0)
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in path.parts), default=0)
     if longest > NAME_MAX:
         return f"a part of the path is {longest} bytes long; Linux allows at most {NAME_MAX} bytes per name"
     return None
@@ -86,20 +93,42 @@ def load_api_key(settings: Settings) -> ApiKey | None:
     path = key_file_path(settings)
     too_long = path_problem(path)
     if too_long:
-        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)}: {too_long}; point API_KEY_FILE "
-                                     "(or MODELS_DIR) at a shorter path", "API_KEY_FILE")])
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"API_KEY_FILE {_shown(path)}: {too_long}; point API_KEY_FILE (or MODELS_DIR) at a shorter path",
+                    "API_KEY_FILE",
+                )
+            ]
+        )
     try:
         if not path.exists():
             return None
         lines = path.read_text(encoding="utf-8").strip().splitlines()
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         reason = errno.errorcode.get(getattr(exc, "errno", None) or 0, type(exc).__name__)
-        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)}: cannot read it ({reason}); fix its "
-                                     "permissions or point API_KEY_FILE elsewhere", "API_KEY_FILE")]) from None
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"API_KEY_FILE {_shown(path)}: cannot read it ({reason}); fix its "
+                    "permissions or point API_KEY_FILE elsewhere",
+                    "API_KEY_FILE",
+                )
+            ]
+        ) from None
     key = lines[0].strip() if lines else ""
     if not key:
-        raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)} is empty; write a key into it with "
-                                     f"`{MAKE_KEY}` or delete the file", "API_KEY_FILE")])
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"API_KEY_FILE {_shown(path)} is empty; write a key into it with `{MAKE_KEY}` or delete the file",
+                    "API_KEY_FILE",
+                )
+            ]
+        )
     problem = key_policy_violation(key)
     if problem:
         raise SettingsError([Problem("error", f"API_KEY_FILE {_shown(path)}: {problem}", "API_KEY_FILE")])
@@ -131,9 +160,28 @@ SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "A
 # Families of variables known to hold settings, not secrets (names with a secret word excepted): what a
 # `.env` beside our knobs usually carries for vLLM, CUDA, PyTorch and their libraries. Anything else a
 # `.env` passes through is shown masked: it may be a token under a name we do not know.
-NON_SECRET_PREFIXES = ("VLLM_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH", "NCCL_", "OMP_", "MKL_", "HF_HUB_",
-                       "HF_HOME", "HF_DATASETS_", "TRANSFORMERS_", "TOKENIZERS_", "HYPERQWEN_", "PYTHON", "TRITON_",
-                       "CUBLAS_", "TZ", "LANG", "LC_")
+NON_SECRET_PREFIXES = (
+    "VLLM_",
+    "CUDA_",
+    "NVIDIA_",
+    "PYTORCH_",
+    "TORCH",
+    "NCCL_",
+    "OMP_",
+    "MKL_",
+    "HF_HUB_",
+    "HF_HOME",
+    "HF_DATASETS_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "HYPERQWEN_",
+    "PYTHON",
+    "TRITON_",
+    "CUBLAS_",
+    "TZ",
+    "LANG",
+    "LC_",
+)
 
 
 def is_secret_name(name: str) -> bool:

@@ -178,7 +178,9 @@ def _match(table: OptionTable, text: str) -> tuple[list[Option], str | None]:
         found = [o for s, o in table.options.items() if s.startswith(prefix)]
     else:
         # A single dash: `-x` glued to its value, or a prefix of a longer single-dash option.
-        found = [o for s, o in table.options.items() if s == text[:2] or (s.startswith(text) and not s.startswith("--"))]
+        found = [
+            o for s, o in table.options.items() if s == text[:2] or (s.startswith(text) and not s.startswith("--"))
+        ]
         if len(found) == 1 and found[0].string == text[:2] and attached is None:
             attached = text[2:] or None
     # Several spellings of one option (same dest) are one match, as argparse keys them by action.
@@ -280,26 +282,37 @@ def problems_in(words: Sequence[str], table: OptionTable | None = None, builder_
     for word in resolve(words, table):
         where = f"word {word.index + 1} {word.shown()!r}"
         if word.kind == "control":
-            messages.append(f"{where} contains a control character (a newline or tab?); write EXTRA_ARGS on one "
-                            "line, words separated by spaces")
+            messages.append(
+                f"{where} contains a control character (a newline or tab?); write EXTRA_ARGS on one "
+                "line, words separated by spaces"
+            )
         elif word.kind == "positional":
-            hint = (" (`--` ends vLLM's options; nothing may follow it here)" if word.text == "--" else "")
-            messages.append(f"{where} is not an option or an option's value: vLLM would take it as its positional "
-                            f"model_tag and ignore it{hint}; the model is set with MODEL, and every word here must "
-                            "belong to a --flag")
+            hint = " (`--` ends vLLM's options; nothing may follow it here)" if word.text == "--" else ""
+            messages.append(
+                f"{where} is not an option or an option's value: vLLM would take it as its positional "
+                f"model_tag and ignore it{hint}; the model is set with MODEL, and every word here must "
+                "belong to a --flag"
+            )
         elif word.kind == "unknown":
             name = word.text.split("=", 1)[0]
             guess = did_you_mean(_flex_name(name), [s for s in table.options if s.startswith("--")])
-            messages.append(f"{where} is not a vLLM {table.version} option" + (
-                f"; did you mean {guess}?" if guess else "; `python -m vllm.entrypoints.openai.api_server --help` "
-                "lists them"))
+            messages.append(
+                f"{where} is not a vLLM {table.version} option"
+                + (
+                    f"; did you mean {guess}?"
+                    if guess
+                    else "; `python -m vllm.entrypoints.openai.api_server --help` lists them"
+                )
+            )
         elif word.kind == "ambiguous":
             owners = [owned[table.options[c].dest] for c in word.candidates if table.options[c].dest in owned]
             shown = ", ".join(word.candidates[:6]) + (", ..." if len(word.candidates) > 6 else "")
-            extra = (f"; some of them are set by HyperQwen: use {_knob_hint(k for o in owners for k in o)}"
-                     if owners else "")
-            messages.append(f"{where} is an abbreviation that matches several vLLM options ({shown}); "
-                            f"spell the option out{extra}")
+            extra = (
+                f"; some of them are set by HyperQwen: use {_knob_hint(k for o in owners for k in o)}" if owners else ""
+            )
+            messages.append(
+                f"{where} is an abbreviation that matches several vLLM options ({shown}); spell the option out{extra}"
+            )
         elif word.kind == "option" and word.dest in owned:
             knobs = owned[word.dest]
             same = "" if word.text.split("=", 1)[0] == word.option else f" (vLLM reads it as {word.option})"
@@ -308,11 +321,15 @@ def problems_in(words: Sequence[str], table: OptionTable | None = None, builder_
             if knobs == (BUILDER,):
                 messages.append(f"{where}{same} is set by {BUILDER}; it cannot be overridden here")
             else:
-                messages.append(f"{where}{same} is set by HyperQwen from {_knob_hint(knobs)}{why}; "
-                                f"set {_knob_hint(knobs)} instead of passing it in EXTRA_ARGS")
+                messages.append(
+                    f"{where}{same} is set by HyperQwen from {_knob_hint(knobs)}{why}; "
+                    f"set {_knob_hint(knobs)} instead of passing it in EXTRA_ARGS"
+                )
         elif word.kind == "option" and word.dest == config_dest:
-            messages.append(f"{where} ({CONFIG_FLAG}) loads options from a file, which could set "
-                            "the ones HyperQwen owns; put the options in EXTRA_ARGS itself")
+            messages.append(
+                f"{where} ({CONFIG_FLAG}) loads options from a file, which could set "
+                "the ones HyperQwen owns; put the options in EXTRA_ARGS itself"
+            )
     return messages
 
 
@@ -321,8 +338,9 @@ def check_extra_args(words: Sequence[str], raw: str | None = None, builder_flags
     would have silently turned into separators). builder_flags: what the argv builder emits besides."""
     messages: list[str] = []
     if raw is not None and _CONTROL_RE.search(raw.strip()):
-        messages.append("contains a control character (a newline or tab?); write EXTRA_ARGS on one line, words "
-                        "separated by spaces")
+        messages.append(
+            "contains a control character (a newline or tab?); write EXTRA_ARGS on one line, words separated by spaces"
+        )
         words = [w for w in words if not _CONTROL_RE.search(w)]
     return messages + problems_in(words, builder_flags=builder_flags)
 
@@ -375,14 +393,30 @@ _SENTINEL = object()
 
 
 def dests_set_by_vllm(words: Sequence[str], parser: Any | None = None) -> set[str]:
-    """The attributes vLLM's real parser sets from `words` (every dest pre-filled with a sentinel, so
-    argparse leaves the untouched ones alone). Raises SystemExit/ValueError where vLLM refuses the words."""
+    """The attributes vLLM's real parser sets from `words`: every dest is pre-filled with a marker argparse leaves
+    alone unless an argument sets it (a sentinel; a fresh list for append/extend actions, which copy it; None for
+    count actions). Raises SystemExit/ValueError where vLLM refuses the words."""
     import argparse
 
     parser = parser or vllm_parser()
-    namespace = argparse.Namespace(**{a.dest: _SENTINEL for a in parser._actions if a.dest != "help"})
-    parsed = parser.parse_args(list(words), namespace=namespace)
-    return {dest for dest, value in vars(parsed).items() if value is not _SENTINEL}
+    markers: dict[str, Any] = {}
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        if isinstance(action, (argparse._AppendAction, argparse._AppendConstAction, argparse._ExtendAction)):
+            markers[action.dest] = []
+        elif isinstance(action, argparse._CountAction):
+            markers[action.dest] = None
+        else:
+            markers[action.dest] = _SENTINEL
+    parsed = parser.parse_args(list(words), namespace=argparse.Namespace(**markers))
+    # argparse always stores an optional positional (`model_tag`, nargs "?"), its default when no word fills it.
+    defaults = {a.dest: a.default for a in parser._actions if not a.option_strings}
+    return {
+        dest
+        for dest, value in vars(parsed).items()
+        if dest in markers and value is not markers[dest] and not (dest in defaults and value == defaults[dest])
+    }
 
 
 def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> list[str]:
@@ -393,10 +427,15 @@ def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> l
         dests = dests_set_by_vllm(words, parser)
     except SystemExit:
         return ["vLLM's own parser refuses these arguments (its message is above)"]
-    messages = [f"sets vLLM's {table.strings_for(d)[-1]}, which HyperQwen sets from {_knob_hint(owned[d])}; "
-                f"set {_knob_hint(owned[d])} instead" for d in sorted(dests & set(owned))]
-    messages += [f"a stray word lands in vLLM's positional {d} (ignored by the server); remove it"
-                 for d in sorted(dests & set(table.positionals))]
+    messages = [
+        f"sets vLLM's {table.strings_for(d)[-1]}, which HyperQwen sets from {_knob_hint(owned[d])}; "
+        f"set {_knob_hint(owned[d])} instead"
+        for d in sorted(dests & set(owned))
+    ]
+    messages += [
+        f"a stray word lands in vLLM's positional {d} (ignored by the server); remove it"
+        for d in sorted(dests & set(table.positionals))
+    ]
     return messages
 
 

@@ -18,9 +18,9 @@ MODES = ("single", "batch")
 
 _MiB, _GiB = 1024**2, 1024**3
 # Calibrated in docs/memory.md ("Calibration") against the 3090 reference's published KV pools
-# (github.com/syv-ai/qwen38-27b-rtx3090): MTP at GPU_UTIL 0.93 and batch fp8 at 0.972 imply 0.73-0.80 GiB
+# (github.com/syv-ai/qwen38-27b-rtx3090): MTP at GPU_UTIL 0.93 and batch fp8 at 0.972 imply 0.75-0.80 GiB
 # for graphs + non-torch memory once weights and the measured 1.09 GiB activation peak are taken out.
-_CUDA_GRAPHS_DEFAULT = 768 * _MiB
+_CUDA_GRAPHS_DEFAULT = 800 * _MiB
 
 # Value maps that turn a knob's user-facing choice into vLLM values. They live here, next to the knob,
 # so docs and validation see the same table the planner uses.
@@ -34,16 +34,18 @@ KV_DTYPES: dict[str, str] = {
 }
 
 # Context presets for single mode: the KV dtype and the context length each one buys.
+# Which KV dtype, and why: docs/memory.md "Long context" (0.32.0 backends on SM86, published quality).
 # fast: full-precision KV, the reference setup's 64k (its MTP runs: 120.9 tok/s at 64k bf16 KV).
-# long: fp8 KV halves the bytes per token; 128k.
+# long: int8 per-token-head KV (Triton attention, runs on SM86, hybrid and MTP); perplexity 8.231 against
+#       fp8's 8.235 on a 3090 (github.com/syv-ai/qwen38-27b-rtx3090 docs/long-context.md); 128k.
 # huge: vLLM 0.32.0's int4 per-token-head KV (an in-tree dtype) up to the model's 262,144 positions.
 CTX_PRESETS: dict[str, dict[str, Any]] = {
     "fast": {"kv": "bf16", "max_len": 65536},
-    "long": {"kv": "fp8", "max_len": 131072},
+    "long": {"kv": "int8", "max_len": 131072},
     "huge": {"kv": "int4", "max_len": 262144},
 }
 
-SPEC_METHODS = ("mtp", "dflash2", "none")
+SPEC_METHODS = ("mtp", "dflash2", "ngram", "none")
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,12 @@ KNOBS: tuple[Knob, ...] = (
          "env HYPERQWEN_METRICS_PUBLIC (read by patch 0002)", SECURITY, default=False),
     # --- speculative decoding -------------------------------------------------------------------
     Knob("SPEC", "choice", "Speculative decoding method.",
-         "--speculative-config method (mtp | dflash)", SPEED, default="none", choices=SPEC_METHODS,
-         tradeoff="mtp uses the model's own MTP head (no extra download); dflash2 needs a drafter (DRAFT); none for max batch throughput.",
+         "--speculative-config method (mtp | dflash | ngram)", SPEED, default="none", choices=SPEC_METHODS,
+         tradeoff="mtp uses the model's own MTP head (no extra download); dflash2 needs a drafter (DRAFT); ngram drafts by copying from the prompt and earlier output (quoting, editing, documents; no model); none for max batch throughput.",
          details=("mtp: {\"method\": \"mtp\", \"num_speculative_tokens\": DRAFT_TOKENS}",
-                  "dflash2: {\"method\": \"dflash\", \"model\": DRAFT, \"num_speculative_tokens\": DFLASH_TOKENS}")),
+                  "dflash2: {\"method\": \"dflash\", \"model\": DRAFT, \"num_speculative_tokens\": DFLASH_TOKENS}",
+                  "ngram: {\"method\": \"ngram\", \"num_speculative_tokens\": LOOKUP_TOKENS, \"prompt_lookup_min\": 2, "
+                  "\"prompt_lookup_max\": 5}")),
     Knob("DRAFT_TOKENS", "int", "Tokens the MTP head drafts per step (SPEC=mtp).",
          "--speculative-config num_speculative_tokens", SPEED, default=3, min=1, max=8,
          tradeoff="more drafts = more tokens per step when they are accepted, more GDN state memory per request."),
@@ -161,11 +165,15 @@ KNOBS: tuple[Knob, ...] = (
          tradeoff="the reference setup measured 7 as its best on a 3090 (its numbers, not ours)."),
     Knob("DRAFT", "str", "The DFlash2 drafter checkpoint directory (relative: under MODELS_DIR); SPEC=dflash2 only.",
          "--speculative-config model", SPEED, default=""),
+    Knob("LOOKUP_TOKENS", "int", "Tokens prompt lookup copies per step from a match in the context (SPEC=ngram).",
+         "--speculative-config num_speculative_tokens", SPEED, default=8, min=1, max=32,
+         tradeoff="a longer block copies more per step when the answer repeats the context; each token adds a GDN "
+                  "state page per request, and a miss costs a wider verify step."),
     # --- context and memory ---------------------------------------------------------------------
     Knob("CTX", "choice", "Context preset for single mode: KV dtype and default MAX_LEN.",
          "--kv-cache-dtype and --max-model-len", MEMORY, default="fast", choices=tuple(CTX_PRESETS),
          modes=("single",),
-         tradeoff="fast = bf16 KV, 64k; long = fp8 KV, 128k; huge = int4 KV, 256k (slower, lossier).",
+         tradeoff="fast = bf16 KV, 64k; long = int8 KV, 128k; huge = int4 KV, 256k (slower prefill, +0.3% perplexity).",
          details=tuple(f"{name}: KV {preset['kv']} ({KV_DTYPES[preset['kv']]}), MAX_LEN {preset['max_len']}"
                        for name, preset in CTX_PRESETS.items())),
     Knob("KV", "choice", "KV cache dtype. Batch mode: its profile sets it; single mode: empty = the CTX preset's.",
@@ -207,7 +215,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("CUDA_GRAPHS", "bytes", "CUDA-graph memory plus non-torch allocations after vLLM's start snapshot, "
          "taken from the KV pool (vLLM's graph-memory estimate).", "hyperqwen: memory check", MEMORY,
          default=_CUDA_GRAPHS_DEFAULT, min=0, max=64 * _GiB,
-         details=("768 MiB: calibrated so the planner reproduces the 3090 reference's published KV pools "
+         details=("800 MiB: calibrated so the planner reproduces the 3090 reference's published KV pools "
                   "(73,777 tokens with MTP at GPU_UTIL 0.93; 223,821 with fp8 KV at 0.972) within 3% "
                   "(docs/memory.md, Calibration).",)),
     Knob("ACTIVATION_PEAK", "bytes", "The profile run's activation peak; empty = estimated from the model's "
@@ -225,6 +233,16 @@ KNOBS: tuple[Knob, ...] = (
                   "peak varied by ~1 GiB between starts (github.com/syv-ai/qwen38-27b-rtx3090, docs/gotchas.md "
                   "9 and 18). A first start on a cold torch.compile cache profiles ~0.87 GiB more (gotcha 16): "
                   "pin KV_MEM to make every start the same.",)),
+    Knob("RAM_CACHE", "bytes", "Host RAM for a conversation cache: KV blocks evicted from the GPU pool move to "
+         "pinned host memory and come back on a prefix-cache hit instead of being recomputed. Empty = off.",
+         "--kv-offloading-size (GiB) --kv-offloading-backend native", MEMORY, default=None, min=1 * _GiB,
+         max=1024 * _GiB,
+         tradeoff="turn 2 of a long conversation after eviction starts fast; the RAM is pinned (never swapped), "
+                  "needs PREFIX_CACHE=true, and the planner refuses more than the host has.",
+         details=("Off by default: pinned memory is taken from everything else on the host, and on 0.31 the "
+                  "CPU tier served nothing once it began evicting (github.com/vllm-project/vllm/issues/51787); "
+                  "with MTP on a hybrid model it could store without serving "
+                  "(github.com/vllm-project/vllm/issues/52735). Not yet measured on a GPU here.",)),
     Knob("HEADROOM_FLOOR", "bytes", "GPU memory that must stay free after boot.", "hyperqwen: memory check",
          MEMORY, default=400 * _MiB, min=0, max=16 * _GiB,
          details=("400 MiB: on the 3090 reference ~400 MiB had to stay free after boot or bursts of requests "
@@ -254,9 +272,10 @@ KNOBS: tuple[Knob, ...] = (
          tradeoff="Claude Code warns after 150 s without a chunk and gives up at 300 s."),
     Knob("TEMPERATURE", "float", "Default sampling temperature when a request sets none; empty = the model's generation_config.",
          "--override-generation-config {\"temperature\": ...}", API, default=None, min=0.0, max=2.0),
-    Knob("EXTRA_ARGS", "args", "More vLLM arguments, appended last (they win over ours).",
+    Knob("EXTRA_ARGS", "args", "More vLLM arguments, appended last. Options a knob sets (key, host, port, model, "
+         "...) are refused in any spelling or abbreviation, as are stray words and control characters.",
          "appended to the vLLM command line", API, default="",
-         tradeoff="escape hatch; the plan still validates it parses as shell words."),
+         tradeoff="escape hatch; checked against vLLM 0.32.0's own options before anything starts."),
     # --- operations -----------------------------------------------------------------------------
     Knob("MONITOR_PORT", "int", "TCP port of the monitor page (docs/monitor.md).",
          "hyperqwen monitor --port; compose monitor ports", OPERATIONS, default=18021, min=1, max=65535),
@@ -298,6 +317,10 @@ KNOBS: tuple[Knob, ...] = (
          choices=("cache_aware", "consistent_hash", "round_robin", "power_of_two"),
          tradeoff="cache_aware sends a conversation's next turn to the replica holding its prefix; "
                   "consistent_hash needs a session header from the client."),
+    Knob("SCALE_OUT", "bool", "Serve vLLM's render endpoints (/v1/chat/completions/render, ...), through which "
+         "vllm-router's cache_aware policy tokenizes a request to find the replica holding its prefix.",
+         "--enable-scale-out", MULTI_GPU, default=False,
+         tradeoff="the replicas profile turns it on; off elsewhere (vLLM 0.32.0 answers those routes 403)."),
     Knob("ROUTER_WORKERS", "str", "Servers the router sends to, as base URLs (http://host:18020), comma separated; "
          "empty = the replicas compose.replicas.yaml defines.", "vllm-router --worker-urls", MULTI_GPU, default="",
          tradeoff="set it to route to servers on other hosts (docs/multi-gpu.md)."),

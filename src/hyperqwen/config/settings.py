@@ -36,6 +36,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
@@ -142,7 +143,9 @@ class Settings(Mapping[str, Any]):
     @property
     def num_speculative_tokens(self) -> int:
         """Draft tokens per step for the SPEC method in use (0 without speculative decoding)."""
-        return {"mtp": self["DRAFT_TOKENS"], "dflash2": self["DFLASH_TOKENS"]}.get(self["SPEC"], 0)
+        return {"mtp": self["DRAFT_TOKENS"], "dflash2": self["DFLASH_TOKENS"], "ngram": self["LOOKUP_TOKENS"]}.get(
+            self["SPEC"], 0
+        )
 
     @property
     def draft_path(self) -> Path | None:
@@ -167,6 +170,8 @@ class _BadValue(ValueError):
 def parse_value(knob: Knob, raw: str) -> Any:
     """Parse the text a user gave for `knob`. Raises _BadValue with a message saying what is allowed."""
     text = raw.strip()
+    if _SURROGATE_RE.search(text):  # an undecodable byte (os.environ's surrogateescape) or a lone surrogate
+        raise _BadValue("is not valid UTF-8 text")
     if knob.kind == "args":
         if "\x00" in text:
             raise _BadValue("contains a NUL character")
@@ -195,6 +200,8 @@ def parse_value(knob: Knob, raw: str) -> Any:
     if knob.kind == "int":
         if not re.fullmatch(r"[+-]?[0-9]+", text):
             raise _BadValue("is not a whole number (write 65536, not 64k or 6.5e4)")
+        if len(text.lstrip("+-0")) > 30:  # int() refuses over 4,300 digits; any knob's range is far below 30
+            raise _BadValue("is far too large")
         value: float = int(text)
     elif knob.kind == "float":
         try:
@@ -208,6 +215,8 @@ def parse_value(knob: Knob, raw: str) -> Any:
             value = parse_size(text)
         except SizeError as exc:
             raise _BadValue(str(exc)) from None
+        except ValueError:  # int() refuses a number of over 4,300 digits
+            raise _BadValue("is far too large") from None
     else:  # pragma: no cover - a knob kind without a parser is a bug in knobs.py
         raise AssertionError(f"unknown knob kind {knob.kind!r}")
     if knob.min is not None and value < knob.min:
@@ -408,10 +417,11 @@ def check_combination(settings: Settings) -> list[Problem]:
             problems.append(Problem("warning", f"{name} is ignored in {mode} mode: "
                                     + other.get(name, f"it applies to {', '.join(setting.knob.modes)} mode"), name))
 
-    ignored_by_spec = {"DRAFT_TOKENS": "mtp", "DFLASH_TOKENS": "dflash2", "DRAFT": "dflash2"}
+    ignored_by_spec = {"DRAFT_TOKENS": "mtp", "DFLASH_TOKENS": "dflash2", "DRAFT": "dflash2", "LOOKUP_TOKENS": "ngram"}
     for name, needs in ignored_by_spec.items():
         if settings.explicit(name) and spec != needs:
-            what = {"mtp": "DRAFT_TOKENS sets the MTP draft count", "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2"}
+            what = {"mtp": "DRAFT_TOKENS sets the MTP draft count", "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2",
+                    "ngram": "LOOKUP_TOKENS sets the prompt-lookup block"}
             problems.append(Problem("warning", f"{name} has no effect because SPEC={spec}; {what[needs]}, "
                                     f"used only with SPEC={needs}", name))
     if spec == "dflash2" and not settings["DRAFT"]:

@@ -50,8 +50,15 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def request(method: str, url: str, *, api_key: str | None = None, payload: Any = None,
-            timeout: float = DEFAULT_TIMEOUT_S, headers: dict[str, str] | None = None) -> Response:
+def request(
+    method: str,
+    url: str,
+    *,
+    api_key: str | None = None,
+    payload: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    headers: dict[str, str] | None = None,
+) -> Response:
     """One HTTP request. Any HTTP status is a Response (4xx/5xx included); no answer at all is HttpError."""
     sent = {"Accept": "application/json", **auth_headers(api_key), **(headers or {})}
     data = None

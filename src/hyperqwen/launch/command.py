@@ -74,6 +74,12 @@ def speculative_config(settings: Settings) -> dict | None:
         # vLLM recognises a DFlash/DFlash2 drafter by its architecture; the method name is "dflash".
         return {"method": "dflash", "model": str(settings.under_models_dir(settings["DRAFT"])),
                 "num_speculative_tokens": settings["DFLASH_TOKENS"]}
+    if spec == "ngram":
+        # Prompt lookup: the last 5..2 tokens are matched in the prompt and earlier output (longest first) and
+        # the LOOKUP_TOKENS that followed the match are proposed. vLLM's default is min = max = 5, which misses
+        # shorter repeats; 2 was enough on the verbatim-copy test (tests/integration/test_spec_lookup.py).
+        return {"method": "ngram", "num_speculative_tokens": settings["LOOKUP_TOKENS"],
+                "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     return None
 
 
@@ -111,6 +117,9 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
         # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
         "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
     ]
+    if settings["PREFIX_CACHE"]:
+        # usage.prompt_tokens_details.cached_tokens; /v1/messages reports it as cache_read_input_tokens.
+        args.append("--enable-prompt-tokens-details")
     if settings["TP"] > 1:
         # One server over TP cards (docs/multi-gpu.md); memory/parallel.py plans one rank's share.
         args += ["--tensor-parallel-size", str(settings["TP"])]

@@ -21,7 +21,19 @@ from hyperqwen.memory.checkpoint import CheckpointError
 from hyperqwen.memory.gpu import CARDS, GpuError, GpuFacts, parse_gpu, read_gpu_facts
 
 __all__ = [
-    "CARDS", "CheckpointError", "GpuError", "GpuFacts", "LayoutKnobs", "MemoryBudget", "MemoryInputs",
-    "MemoryPlanError", "Outcome", "Term", "build_layout", "largest_max_len_that_fits", "parse_gpu",
-    "plan_memory", "read_gpu_facts",
+    "CARDS",
+    "CheckpointError",
+    "GpuError",
+    "GpuFacts",
+    "LayoutKnobs",
+    "MemoryBudget",
+    "MemoryInputs",
+    "MemoryPlanError",
+    "Outcome",
+    "Term",
+    "build_layout",
+    "largest_max_len_that_fits",
+    "parse_gpu",
+    "plan_memory",
+    "read_gpu_facts",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,7 @@ from hyperqwen.memory.checkpoint import (
     weight_bytes,
 )
 from hyperqwen.memory.gpu import GpuFacts, fraction_that_fits
+from hyperqwen.memory.host import HostFacts, ram_cache_problems
 from hyperqwen.memory.kvcache import (
     DEFAULT_KERNEL_BLOCK_ALIGNMENT,
     PoolInputs,
@@ -67,7 +68,7 @@ class MemoryPlanError(ValueError):
     """The inputs cannot be planned (a missing drafter, a model without an MTP head); one line, names the knob."""
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """The verdict, most severe first; `hyperqwen plan` exits with `exit_code`."""
 
     REFUSES_BOOT = "vLLM would refuse to boot"
@@ -90,8 +91,7 @@ VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 VLLM_DEFAULT_GPU_UTIL = 0.9
 
 # The measured terms a user (or a test) may replace, by knob name (config/knobs.py documents each).
-TERM_KNOBS = ("CUDA_CONTEXT", "CUDA_GRAPHS", "ACTIVATION_PEAK", "UNCOUNTED_GRAPHS", "PROFILE_MARGIN",
-              "HEADROOM_FLOOR")
+TERM_KNOBS = ("CUDA_CONTEXT", "CUDA_GRAPHS", "ACTIVATION_PEAK", "UNCOUNTED_GRAPHS", "PROFILE_MARGIN", "HEADROOM_FLOOR")
 # Further overrides only code passes (calibration against other checkpoints, the allocator tests).
 EXTRA_TERMS = ("WEIGHTS", "DRAFTER_WEIGHTS", "KERNEL_BLOCK_ALIGNMENT")
 
@@ -115,11 +115,18 @@ class MemoryInputs:
     model_dtype: str  # --dtype
     language_model_only: bool
     draft_dir: Path | None
+    ram_cache_bytes: int | None  # RAM_CACHE -> --kv-offloading-size (pinned host RAM)
     terms: Mapping[str, int | None]  # TERM_KNOBS values (None: the planner's estimate) + EXTRA_TERMS
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, model_dir: Path | None = None, max_len: int | None = None,
-                      terms: Mapping[str, int] | None = None) -> MemoryInputs:
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        model_dir: Path | None = None,
+        max_len: int | None = None,
+        terms: Mapping[str, int] | None = None,
+    ) -> MemoryInputs:
         util = settings["GPU_UTIL"]
         values: dict[str, int | None] = {name: settings[name] for name in TERM_KNOBS}
         values.update(terms or {})
@@ -138,6 +145,7 @@ class MemoryInputs:
             model_dtype=settings["DTYPE"],
             language_model_only=not settings["VISION"],
             draft_dir=settings.draft_path,
+            ram_cache_bytes=settings["RAM_CACHE"],
             terms=values,
         )
 
@@ -147,6 +155,7 @@ class MemoryInputs:
 
 
 # --- non-pool terms ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Term:
@@ -165,8 +174,15 @@ MEASURED_AT_BATCHED_TOKENS = 2048
 MEASURED_AT_SEQS, MEASURED_AT_K = 64, 0
 
 
-def activation_peak_estimate(shape_hidden: int, shape_intermediate: int, vocab: int, model_dtype_bytes: int,
-                             max_num_batched_tokens: int, max_num_seqs: int, k: int) -> Term:
+def activation_peak_estimate(
+    shape_hidden: int,
+    shape_intermediate: int,
+    vocab: int,
+    model_dtype_bytes: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    k: int,
+) -> Term:
     """The profile run's transient activation peak: the measured 1.09 GiB, moved by what differs.
 
     Per batched token a step holds the MLP's gate_up output (2I) and its activated half (I) plus a few
@@ -179,15 +195,23 @@ def activation_peak_estimate(shape_hidden: int, shape_intermediate: int, vocab: 
     def logits(seqs: int, kk: int) -> int:
         return seqs * (1 + kk) * vocab * 4
 
-    value = (MEASURED_ACTIVATION_PEAK + (max_num_batched_tokens - MEASURED_AT_BATCHED_TOKENS) * per_token
-             + logits(max_num_seqs, k) - logits(MEASURED_AT_SEQS, MEASURED_AT_K))
-    return Term(max(value, 0), f"1.09 GiB measured on a 3090 at 2048 batched tokens, 64 sequences (3090 reference, "
-                               f"warm cache), moved to {max_num_batched_tokens} tokens x {per_token:,} B and "
-                               f"logits for {max_num_seqs} x (1+{k}); vLLM measures the real one at boot")
+    value = (
+        MEASURED_ACTIVATION_PEAK
+        + (max_num_batched_tokens - MEASURED_AT_BATCHED_TOKENS) * per_token
+        + logits(max_num_seqs, k)
+        - logits(MEASURED_AT_SEQS, MEASURED_AT_K)
+    )
+    return Term(
+        max(value, 0),
+        f"1.09 GiB measured on a 3090 at 2048 batched tokens, 64 sequences (3090 reference, "
+        f"warm cache), moved to {max_num_batched_tokens} tokens x {per_token:,} B and "
+        f"logits for {max_num_seqs} x (1+{k}); vLLM measures the real one at boot",
+    )
 
 
-def default_cudagraph_capture_sizes(max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int,
-                                    default_max_graph_size: int = 512) -> list[int]:
+def default_cudagraph_capture_sizes(
+    max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int, default_max_graph_size: int = 512
+) -> list[int]:
     """The batch sizes (tokens) vLLM 0.32.0 captures CUDA graphs for by default on a pre-Blackwell GPU.
 
     config/vllm.py VllmConfig._set_cudagraph_sizes (no user sizes, default performance mode, no dynamic
@@ -283,12 +307,16 @@ class MemoryBudget:
         return self.free_at_start_bytes - self.footprint_bytes
 
     def explain_failure(self) -> str:
-        lines = [f"{self.outcome.value} on this GPU ({self.gpu.name}: {format_gib(self.gpu.free_bytes)} free of "
-                 f"{format_gib(self.gpu.total_bytes)}):"]
+        lines = [
+            f"{self.outcome.value} on this GPU ({self.gpu.name}: {format_gib(self.gpu.free_bytes)} free of "
+            f"{format_gib(self.gpu.total_bytes)}):"
+        ]
         lines += [f"  - {p}" for p in self.problems]
         if self.largest_fitting_max_len:
-            lines.append(f"Largest MAX_LEN that fits{self.largest_note or ' with these settings'}: "
-                         f"{self.largest_fitting_max_len} (set MAX_LEN={self.largest_fitting_max_len}).")
+            lines.append(
+                f"Largest MAX_LEN that fits{self.largest_note or ' with these settings'}: "
+                f"{self.largest_fitting_max_len} (set MAX_LEN={self.largest_fitting_max_len})."
+            )
         else:
             lines.append("No MAX_LEN fits with these settings.")
         lines += [f"Or change: {h}" for h in self.fix_hints]
@@ -296,9 +324,11 @@ class MemoryBudget:
 
     def summary(self) -> str:
         """One line: the verdict and the numbers a user acts on."""
-        return (f"{self.outcome.value}: MAX_LEN={self.max_model_len:,}, KV pool {format_gib(self.pool_bytes)} = "
-                f"{self.pool_tokens:,} tokens, max concurrency {self.max_concurrency}x at full length, "
-                f"{format_gib(self.headroom_bytes)} free after boot")
+        return (
+            f"{self.outcome.value}: MAX_LEN={self.max_model_len:,}, KV pool {format_gib(self.pool_bytes)} = "
+            f"{self.pool_tokens:,} tokens, max concurrency {self.max_concurrency}x at full length, "
+            f"{format_gib(self.headroom_bytes)} free after boot"
+        )
 
     def to_dict(self) -> dict:
         i = self.inputs
@@ -310,8 +340,11 @@ class MemoryBudget:
             "fix_hints": list(self.fix_hints),
             "gpu": asdict(self.gpu),
             "checkpoint": self.checkpoint_source,
-            "inputs": {**{k: v for k, v in asdict(i).items() if k not in ("model_dir", "draft_dir", "terms")},
-                       "model_dir": str(i.model_dir), "draft_dir": str(i.draft_dir) if i.draft_dir else None},
+            "inputs": {
+                **{k: v for k, v in asdict(i).items() if k not in ("model_dir", "draft_dir", "terms")},
+                "model_dir": str(i.model_dir),
+                "draft_dir": str(i.draft_dir) if i.draft_dir else None,
+            },
             "resolved": dict(self.resolved),
             "weights_bytes": dict(self.weights),
             "kv": {
@@ -321,8 +354,15 @@ class MemoryBudget:
                 "attention_block_size": self.layout.attention_block_size,
                 "mamba_page_padded_bytes": self.layout.mamba_page_padded,
                 "mamba_padding_pct": round(self.layout.mamba_padding_pct, 2),
-                "groups": [{"kind": g.spec.kind, "layers": g.num_layers, "page_bytes": g.spec.page_size_bytes,
-                            "block_size": g.spec.block_size} for g in self.layout.groups],
+                "groups": [
+                    {
+                        "kind": g.spec.kind,
+                        "layers": g.num_layers,
+                        "page_bytes": g.spec.page_size_bytes,
+                        "block_size": g.spec.block_size,
+                    }
+                    for g in self.layout.groups
+                ],
                 "bytes_per_block": self.layout.bytes_per_block,
                 "state_pages_per_request_per_group": self.layout.state_blocks_per_group,
                 "state_bytes_per_request": self.layout.blocks_per_request(0) * self.layout.bytes_per_block,
@@ -352,6 +392,7 @@ def format_gib(n: int) -> str:
 
 # --- the plan ----------------------------------------------------------------------------------------
 
+
 def _resolve_dtype(model_dtype: str, checkpoint_dtype: str) -> str:
     if model_dtype != "auto":
         return model_dtype
@@ -379,8 +420,13 @@ class LayoutKnobs:
     prefix_caching: bool = True
 
 
-def build_layout(checkpoint: Checkpoint, knobs: LayoutKnobs, *, drafter: DrafterAttention | None = None,
-                 kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT) -> tuple[PoolLayout, dict]:
+def build_layout(
+    checkpoint: Checkpoint,
+    knobs: LayoutKnobs,
+    *,
+    drafter: DrafterAttention | None = None,
+    kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT,
+) -> tuple[PoolLayout, dict]:
     """The pool layout for these knobs (no GPU needed): what the integration tests compare with vLLM."""
     s = checkpoint.shape
     model_dtype = _resolve_dtype(knobs.model_dtype, s.torch_dtype)
@@ -388,30 +434,53 @@ def build_layout(checkpoint: Checkpoint, knobs: LayoutKnobs, *, drafter: Drafter
     state_dtype = _resolve_state_dtype(knobs.state_dtype, s.mamba_ssm_dtype, model_dtype)
     k = knobs.num_speculative_tokens
     attn = attention_bytes_per_token_layer(knobs.kv_cache_dtype, s.num_kv_heads, s.head_dim, mdb)
-    page = gdn_state_page(num_k_heads=s.linear_num_key_heads, num_v_heads=s.linear_num_value_heads,
-                          head_k_dim=s.linear_key_head_dim, head_v_dim=s.linear_value_head_dim,
-                          conv_kernel=s.linear_conv_kernel_dim, num_speculative_tokens=k,
-                          conv_dtype_bytes=mdb, ssm_dtype_bytes=DTYPE_BYTES[state_dtype])
+    page = gdn_state_page(
+        num_k_heads=s.linear_num_key_heads,
+        num_v_heads=s.linear_num_value_heads,
+        head_k_dim=s.linear_key_head_dim,
+        head_v_dim=s.linear_value_head_dim,
+        conv_kernel=s.linear_conv_kernel_dim,
+        num_speculative_tokens=k,
+        conv_dtype_bytes=mdb,
+        ssm_dtype_bytes=DTYPE_BYTES[state_dtype],
+    )
     mtp_layers = s.mtp_num_hidden_layers if knobs.spec_method == "mtp" else 0
     if knobs.spec_method == "mtp" and mtp_layers == 0:
-        raise MemoryPlanError("SPEC=mtp but the checkpoint's config has mtp_num_hidden_layers=0 (no MTP head); "
-                              "use SPEC=none or SPEC=dflash2")
+        raise MemoryPlanError(
+            "SPEC=mtp but the checkpoint's config has mtp_num_hidden_layers=0 (no MTP head); "
+            "use SPEC=none or SPEC=dflash2"
+        )
     drafter_layers = drafter_bpt = 0
     if knobs.spec_method == "dflash2":
         if drafter is None:
             raise MemoryPlanError("SPEC=dflash2 needs the drafter's config: set DRAFT to the drafter directory")
         drafter_layers = drafter.num_layers
-        drafter_bpt = attention_bytes_per_token_layer(knobs.kv_cache_dtype, drafter.num_kv_heads,
-                                                      drafter.head_dim, mdb)
-    layout = pool_layout(PoolInputs(
-        num_attention_layers=s.num_full_attention_layers, num_gdn_layers=s.num_linear_attention_layers,
-        attn_bytes_per_token_layer=attn, gdn_page=page, num_speculative_tokens=k,
-        prefix_caching=knobs.prefix_caching, mtp_attention_layers=mtp_layers, drafter_layers=drafter_layers,
-        drafter_bytes_per_token_layer=drafter_bpt, kernel_block_alignment=kernel_block_alignment))
-    info = {"model_dtype": model_dtype, "state_dtype": state_dtype, "num_speculative_tokens": k,
-            "attn": attn, "gdn_page": page, "mtp_layers": mtp_layers, "drafter_layers": drafter_layers,
-            "drafter_bpt": drafter_bpt,
-            "mamba_cache_mode": "align" if knobs.prefix_caching else "none"}
+        drafter_bpt = attention_bytes_per_token_layer(knobs.kv_cache_dtype, drafter.num_kv_heads, drafter.head_dim, mdb)
+    layout = pool_layout(
+        PoolInputs(
+            num_attention_layers=s.num_full_attention_layers,
+            num_gdn_layers=s.num_linear_attention_layers,
+            attn_bytes_per_token_layer=attn,
+            gdn_page=page,
+            num_speculative_tokens=k,
+            prefix_caching=knobs.prefix_caching,
+            mtp_attention_layers=mtp_layers,
+            drafter_layers=drafter_layers,
+            drafter_bytes_per_token_layer=drafter_bpt,
+            kernel_block_alignment=kernel_block_alignment,
+        )
+    )
+    info = {
+        "model_dtype": model_dtype,
+        "state_dtype": state_dtype,
+        "num_speculative_tokens": k,
+        "attn": attn,
+        "gdn_page": page,
+        "mtp_layers": mtp_layers,
+        "drafter_layers": drafter_layers,
+        "drafter_bpt": drafter_bpt,
+        "mamba_cache_mode": "align" if knobs.prefix_caching else "none",
+    }
     return layout, info
 
 
@@ -422,24 +491,40 @@ def load_planning_checkpoint(model_dir: Path) -> tuple[Checkpoint, str]:
     from hyperqwen.memory.bundled import BUNDLED_MODEL, load_bundled_checkpoint
 
     if not model_dir.exists() and model_dir.name == BUNDLED_MODEL:
-        return load_bundled_checkpoint(), (f"bundled shapes of the prepared {BUNDLED_MODEL} (no checkpoint at "
-                                           f"{model_dir} yet; point MODEL/--model-dir at one to use its headers)")
+        return load_bundled_checkpoint(), (
+            f"bundled shapes of the prepared {BUNDLED_MODEL} (no checkpoint at "
+            f"{model_dir} yet; point MODEL/--model-dir at one to use its headers)"
+        )
     return load_checkpoint(model_dir), str(model_dir)
 
 
-def plan_memory(settings: Settings, gpu: GpuFacts, *, model_dir: Path | None = None,
-                terms: Mapping[str, int] | None = None, max_len: int | None = None,
-                checkpoint: Checkpoint | None = None) -> MemoryBudget:
+def plan_memory(
+    settings: Settings,
+    gpu: GpuFacts,
+    *,
+    model_dir: Path | None = None,
+    terms: Mapping[str, int] | None = None,
+    max_len: int | None = None,
+    checkpoint: Checkpoint | None = None,
+    host: HostFacts | None = None,
+) -> MemoryBudget:
     """Plan the card for these settings: weights, non-pool terms, KV pool, headroom, and the verdict.
 
     max_len: the context length to check (None: what the settings give). terms: replace a measured term
     by knob name (TERM_KNOBS) or an EXTRA_TERMS entry, in bytes. checkpoint: an already-loaded one (tests).
+    host: the host's RAM, to check RAM_CACHE against (None: not checked).
     """
-    return plan_inputs(MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms),
-                       gpu, checkpoint=checkpoint)
+    return plan_inputs(
+        MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms),
+        gpu,
+        checkpoint=checkpoint,
+        host=host,
+    )
 
 
-def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None = None) -> MemoryBudget:
+def plan_inputs(
+    i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None = None, host: HostFacts | None = None
+) -> MemoryBudget:
     if checkpoint is not None:
         ckpt, ckpt_source = checkpoint, "given checkpoint"
     else:
@@ -456,11 +541,13 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
         drafter = drafter_attention_from_config(read_config(i.draft_dir), str(i.draft_dir / "config.json"))
         if i.term("DRAFTER_WEIGHTS") is None:
             drafter_weights = weight_bytes(read_checkpoint_tensors(i.draft_dir), mdb).resident(
-                language_model_only=True, with_mtp=False)
+                language_model_only=True, with_mtp=False
+            )
 
     kba = i.term("KERNEL_BLOCK_ALIGNMENT") or DEFAULT_KERNEL_BLOCK_ALIGNMENT
-    lk = LayoutKnobs(i.kv_cache_dtype, i.state_dtype, i.model_dtype, i.spec_method, i.num_speculative_tokens,
-                     i.prefix_caching)
+    lk = LayoutKnobs(
+        i.kv_cache_dtype, i.state_dtype, i.model_dtype, i.spec_method, i.num_speculative_tokens, i.prefix_caching
+    )
     layout, info = build_layout(ckpt, lk, drafter=drafter, kernel_block_alignment=kba)
     w = ckpt.weights(mdb)
     with_mtp = i.spec_method == "mtp"
@@ -476,33 +563,62 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
             return Term(value, " ".join(knob.details) or knob.doc)
         return Term(value, f"{name}={value:,} B (set)")
 
-    drafter_term = term("DRAFTER_WEIGHTS", Term(w.mtp if with_mtp else drafter_weights,
-                                                "mtp.* tensor headers" if with_mtp else
-                                                ("drafter safetensors headers" if drafter else "no drafter")))
-    weights = term("WEIGHTS", Term(w.resident(language_model_only=i.language_model_only, with_mtp=False)
-                                   + drafter_term.value, f"safetensors headers ({ckpt_source})"))
+    drafter_term = term(
+        "DRAFTER_WEIGHTS",
+        Term(
+            w.mtp if with_mtp else drafter_weights,
+            "mtp.* tensor headers" if with_mtp else ("drafter safetensors headers" if drafter else "no drafter"),
+        ),
+    )
+    weights = term(
+        "WEIGHTS",
+        Term(
+            w.resident(language_model_only=i.language_model_only, with_mtp=False) + drafter_term.value,
+            f"safetensors headers ({ckpt_source})",
+        ),
+    )
     resident = weights.value
     # MTP: the drafter first builds its own embed_tokens and lm_head in the model dtype, then swaps in the
     # target's (vLLM log 'Sharing target model ... weights with the draft model'): a load-time transient.
-    load_transient = Term(2 * s.vocab_size * s.hidden_size * mdb if with_mtp else 0,
-                          "MTP drafter's own embed_tokens + lm_head before it shares the target's")
+    load_transient = Term(
+        2 * s.vocab_size * s.hidden_size * mdb if with_mtp else 0,
+        "MTP drafter's own embed_tokens + lm_head before it shares the target's",
+    )
     context = term("CUDA_CONTEXT", Term(0, "CUDA_CONTEXT"))
-    act = term("ACTIVATION_PEAK", activation_peak_estimate(
-        s.hidden_size, s.intermediate_size, s.vocab_size, mdb, i.max_num_batched_tokens, i.max_num_seqs, k))
+    act = term(
+        "ACTIVATION_PEAK",
+        activation_peak_estimate(
+            s.hidden_size, s.intermediate_size, s.vocab_size, mdb, i.max_num_batched_tokens, i.max_num_seqs, k
+        ),
+    )
     graphs = term("CUDA_GRAPHS", Term(0, "CUDA_GRAPHS"))
-    uncounted = term("UNCOUNTED_GRAPHS", Term(int(1.9 * GiB), "DFlash2 drafter graphs vLLM's profiler does not "
-                                                              "count: 1.2-1.9 GiB on the 3090 reference (upper end)")
-                     if i.spec_method == "dflash2" else Term(0, "vLLM's profiler counts the graphs of this path"))
+    uncounted = term(
+        "UNCOUNTED_GRAPHS",
+        Term(
+            int(1.9 * GiB),
+            "DFlash2 drafter graphs vLLM's profiler does not count: 1.2-1.9 GiB on the 3090 reference (upper end)",
+        )
+        if i.spec_method == "dflash2"
+        else Term(0, "vLLM's profiler counts the graphs of this path"),
+    )
     pinned = i.kv_cache_memory_bytes is not None
     if pinned:
         margin = Term(0, "pool pinned by KV_MEM: not sized from a profile, no margin")
     elif i.spec_method == "dflash2":
-        margin = term("PROFILE_MARGIN", Term(GiB, "SPEC=dflash2: its runner's profiled peak varied by ~1 GiB "
-                                                  "between starts on the 3090 reference"))
+        margin = term(
+            "PROFILE_MARGIN",
+            Term(GiB, "SPEC=dflash2: its runner's profiled peak varied by ~1 GiB between starts on the 3090 reference"),
+        )
     else:
-        margin = term("PROFILE_MARGIN", Term(64 * MiB, "warm starts of one configuration gave pools within 0.4% "
-                                                       "(~30 MiB) on the 3090 reference; a cold compile cache "
-                                                       "profiles ~0.87 GiB more once (pin KV_MEM against it)"))
+        margin = term(
+            "PROFILE_MARGIN",
+            Term(
+                64 * MiB,
+                "warm starts of one configuration gave pools within 0.4% "
+                "(~30 MiB) on the 3090 reference; a cold compile cache "
+                "profiles ~0.87 GiB more once (pin KV_MEM against it)",
+            ),
+        )
     floor = term("HEADROOM_FLOOR", Term(0, "HEADROOM_FLOOR"))
     # 1-2. Context, then the startup check (request_memory).
     free_at_start = max(gpu.free_bytes - context.value, 0)
@@ -510,7 +626,7 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
     requested = math.ceil(gpu.total_bytes * util)
     # 4-6. Profile, graphs, pool.
     counted = resident + act.value + graphs.value
-    pool = i.kv_cache_memory_bytes if pinned else max(requested - counted, 0)  # type: ignore[assignment]
+    pool = i.kv_cache_memory_bytes if i.kv_cache_memory_bytes is not None else max(requested - counted, 0)
     # 8. After boot: the process holds the weights, the cached activation peak, the graphs and the pool.
     footprint = counted + uncounted.value + pool
 
@@ -521,18 +637,36 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
     if free_at_start < requested:
         refuse = True
         what = f"GPU_UTIL={util}" if not pinned else f"the startup check (GPU_UTIL={util}, applied with KV_MEM too)"
-        problems.append(f"{what} asks for {format_gib(requested)} but only {format_gib(free_at_start)} is free "
-                        f"once vLLM's CUDA context ({format_gib(context.value)}) exists: vLLM refuses to start "
-                        "('Free memory on device ... is less than desired GPU memory utilization')")
+        problems.append(
+            f"{what} asks for {format_gib(requested)} but only {format_gib(free_at_start)} is free "
+            f"once vLLM's CUDA context ({format_gib(context.value)}) exists: vLLM refuses to start "
+            "('Free memory on device ... is less than desired GPU memory utilization')"
+        )
         hints.append(f"GPU_UTIL={min(fit_util, 0.99)} (the largest the startup check accepts with the headroom floor)")
     if resident + load_transient.value > free_at_start:
         refuse = True
-        problems.append(f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient.value)}) "
-                        f"do not fit in the {format_gib(free_at_start)} free after the CUDA context: loading fails")
+        problems.append(
+            f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient.value)}) "
+            f"do not fit in the {format_gib(free_at_start)} free after the CUDA context: loading fails"
+        )
     if not pinned and pool <= 0:
         refuse = True
-        problems.append(f"GPU_UTIL={util} leaves no KV pool: {format_gib(requested)} requested, "
-                        f"{format_gib(counted)} for weights, activations and graphs")
+        problems.append(
+            f"GPU_UTIL={util} leaves no KV pool: {format_gib(requested)} requested, "
+            f"{format_gib(counted)} for weights, activations and graphs"
+        )
+
+    # Host RAM for the offload tier (pinned): refused here when the host cannot hold it.
+    ram_note = "off"
+    if i.ram_cache_bytes:
+        if host is None:
+            ram_note = f"{format_gib(i.ram_cache_bytes)} (host RAM not checked)"
+        else:
+            ram_problems, ram_hints = ram_cache_problems(i.ram_cache_bytes, host, i.prefix_caching)
+            ram_note = f"{format_gib(i.ram_cache_bytes)} of {format_gib(host.available_bytes)} available"
+            refuse = refuse or bool(ram_problems)
+            problems += ram_problems
+            hints += ram_hints
 
     # 7. Boot check with the pool a worse profile run could give (GPU_UTIL mode): pool - PROFILE_MARGIN.
     check_pool = max(pool - margin.value, 0)
@@ -541,11 +675,13 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
     if not layout.fits_one_request(check_pool, max_len):
         short = True
         need = layout.pool_bytes_for(max_len)
-        problems.append(f"one MAX_LEN={max_len} request needs {layout.blocks_per_request(max_len)} blocks "
-                        f"({format_gib(need)} of KV pool incl. the null block) but the pool is "
-                        f"{format_gib(check_pool)} ({layout.usable_blocks(check_pool)} usable blocks"
-                        + (f", after the {format_gib(margin.value)} PROFILE_MARGIN" if margin.value else "")
-                        + "): vLLM refuses to start ('To serve at least one request ... max_model_len')")
+        problems.append(
+            f"one MAX_LEN={max_len} request needs {layout.blocks_per_request(max_len)} blocks "
+            f"({format_gib(need)} of KV pool incl. the null block) but the pool is "
+            f"{format_gib(check_pool)} ({layout.usable_blocks(check_pool)} usable blocks"
+            + (f", after the {format_gib(margin.value)} PROFILE_MARGIN" if margin.value else "")
+            + "): vLLM refuses to start ('To serve at least one request ... max_model_len')"
+        )
         if info["state_dtype"] == "float32":
             hints.append("STATE_DTYPE=float16 (halves the GDN state page)")
         if i.kv_cache_dtype in ("auto", "bfloat16", "float16"):
@@ -556,10 +692,15 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
     safe_pool = max(free_at_start - floor.value - counted - uncounted.value, 0)
     full = headroom < floor.value
     if full:
-        problems.append(f"after boot only {format_gib(headroom)} would stay free, below the "
-                        f"{format_gib(floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory")
-        hints.append(f"KV_MEM={safe_pool} (largest pool that keeps the floor)" if pinned else
-                     f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}")
+        problems.append(
+            f"after boot only {format_gib(headroom)} would stay free, below the "
+            f"{format_gib(floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory"
+        )
+        hints.append(
+            f"KV_MEM={safe_pool} (largest pool that keeps the floor)"
+            if pinned
+            else f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}"
+        )
 
     fit_check_pool = min(check_pool, max(safe_pool - margin.value, 0))
     weights_fail = resident + load_transient.value > free_at_start
@@ -579,24 +720,50 @@ def plan_inputs(i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None
     else:
         outcome = Outcome.FITS
 
-    resolved = {**{kk: v for kk, v in info.items() if kk != "gdn_page"},
-                "kv_cache_dtype": i.kv_cache_dtype, "language_model_only": i.language_model_only}
-    kv_all = info["attn"] * (s.num_full_attention_layers + info["mtp_layers"]) + \
-        info["drafter_bpt"] * info["drafter_layers"]
+    resolved = {
+        **{kk: v for kk, v in info.items() if kk != "gdn_page"},
+        "kv_cache_dtype": i.kv_cache_dtype,
+        "language_model_only": i.language_model_only,
+        "ram_cache": ram_note,
+    }
+    kv_all = (
+        info["attn"] * (s.num_full_attention_layers + info["mtp_layers"]) + info["drafter_bpt"] * info["drafter_layers"]
+    )
     page = info["gdn_page"]
-    terms_out = {"weights": weights, "drafter_weights": drafter_term, "load_transient": load_transient,
-                 "cuda_context": context, "activation_peak": act, "cuda_graphs": graphs,
-                 "uncounted_graphs": uncounted, "profile_margin": margin, "headroom_floor": floor}
+    terms_out = {
+        "weights": weights,
+        "drafter_weights": drafter_term,
+        "load_transient": load_transient,
+        "cuda_context": context,
+        "activation_peak": act,
+        "cuda_graphs": graphs,
+        "uncounted_graphs": uncounted,
+        "profile_margin": margin,
+        "headroom_floor": floor,
+    }
     return MemoryBudget(
-        gpu=gpu, inputs=i, checkpoint_source=ckpt_source, resolved=resolved,
-        weights={"body": w.body, "vision": w.vision, "mtp": w.mtp, "drafter": drafter_term.value,
-                 "resident": resident},
-        attn_bytes_per_token_layer=info["attn"], kv_bytes_per_token=kv_all,
+        gpu=gpu,
+        inputs=i,
+        checkpoint_source=ckpt_source,
+        resolved=resolved,
+        weights={"body": w.body, "vision": w.vision, "mtp": w.mtp, "drafter": drafter_term.value, "resident": resident},
+        attn_bytes_per_token_layer=info["attn"],
+        kv_bytes_per_token=kv_all,
         gdn_page={"conv_bytes": page.conv_bytes, "ssm_bytes": page.ssm_bytes, "bytes": page.bytes},
-        layout=layout, terms=terms_out, pool_bytes=pool, max_model_len=max_len, requested_bytes=requested,
-        free_at_start_bytes=free_at_start, footprint_bytes=footprint, outcome=outcome,
-        problems=tuple(problems), fix_hints=tuple(dict.fromkeys(hints)), largest_fitting_max_len=largest,
-        largest_note=note, suggested_kv_mem=safe_pool)
+        layout=layout,
+        terms=terms_out,
+        pool_bytes=pool,
+        max_model_len=max_len,
+        requested_bytes=requested,
+        free_at_start_bytes=free_at_start,
+        footprint_bytes=footprint,
+        outcome=outcome,
+        problems=tuple(problems),
+        fix_hints=tuple(dict.fromkeys(hints)),
+        largest_fitting_max_len=largest,
+        largest_note=note,
+        suggested_kv_mem=safe_pool,
+    )
 
 
 def largest_max_len_that_fits(settings: Settings, gpu: GpuFacts, **kwargs: object) -> int:
@@ -605,7 +772,17 @@ def largest_max_len_that_fits(settings: Settings, gpu: GpuFacts, **kwargs: objec
 
 
 __all__ = [
-    "CheckpointError", "GpuFacts", "LayoutKnobs", "MemoryBudget", "MemoryInputs", "MemoryPlanError", "Outcome",
-    "Term", "build_layout", "default_cudagraph_capture_sizes", "largest_max_len_that_fits", "plan_inputs",
+    "CheckpointError",
+    "GpuFacts",
+    "LayoutKnobs",
+    "MemoryBudget",
+    "MemoryInputs",
+    "MemoryPlanError",
+    "Outcome",
+    "Term",
+    "build_layout",
+    "default_cudagraph_capture_sizes",
+    "largest_max_len_that_fits",
+    "plan_inputs",
     "plan_memory",
 ]

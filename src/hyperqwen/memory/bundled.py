@@ -24,8 +24,12 @@ BUNDLE_FORMAT = 1
 
 def bundle_bytes(config: Mapping[str, object], tensors: Iterable[TensorInfo], origin: str) -> bytes:
     """The bundle file's exact bytes (gzip with a fixed mtime, sorted keys): regenerating is reproducible."""
-    doc = {"format": BUNDLE_FORMAT, "origin": origin, "config": config,
-           "tensors": sorted([t.name, t.dtype, list(t.shape)] for t in tensors)}
+    doc = {
+        "format": BUNDLE_FORMAT,
+        "origin": origin,
+        "config": config,
+        "tensors": sorted([t.name, t.dtype, list(t.shape)] for t in tensors),
+    }
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     return gzip.compress(raw, compresslevel=9, mtime=0)
 

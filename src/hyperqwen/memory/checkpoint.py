@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hyperqwen.formats.safetensors import DTYPE_SIZES, SafetensorsError, TensorInfo, read_header
 
@@ -116,14 +117,14 @@ class ModelShape:
         return sum(1 for t in self.layer_types if t == "linear_attention")
 
 
-def _need(cfg: Mapping[str, object], key: str, where: str) -> object:
+def _need(cfg: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in cfg:
         raise CheckpointError(f"{where}: field {key!r} is missing; the memory planner needs it")
     return cfg[key]
 
 
-def model_shape_from_config(config: Mapping[str, object], where: str = "config.json") -> ModelShape:
-    text = config.get("text_config") or config
+def model_shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> ModelShape:
+    text: Mapping[str, Any] = config.get("text_config") or config
     if not isinstance(text, Mapping):
         raise CheckpointError(f"{where}: text_config is not an object")
     tw = f"{where} (text_config)" if "text_config" in config else where
@@ -197,8 +198,8 @@ class DrafterAttention:
     head_dim: int
 
 
-def drafter_attention_from_config(config: Mapping[str, object], where: str) -> DrafterAttention:
-    text = config.get("text_config") or config
+def drafter_attention_from_config(config: Mapping[str, Any], where: str) -> DrafterAttention:
+    text: Mapping[str, Any] = config.get("text_config") or config
     heads = int(_need(text, "num_attention_heads", where))
     return DrafterAttention(
         num_layers=int(_need(text, "num_hidden_layers", where)),

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from hyperqwen.config.load import add_settings_arguments, parse_overrides, settings_from_args
 from hyperqwen.config.settings import SettingsError
+from hyperqwen.config.sizes import SizeError, parse_size
 from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, Outcome, format_gib, plan_memory
 from hyperqwen.memory.checkpoint import CheckpointError
 from hyperqwen.memory.gpu import CARDS, GpuError, parse_gpu
+from hyperqwen.memory.host import HostFacts, read_host_facts
 
 EXIT_BAD_INPUT = 2
 
@@ -30,42 +32,82 @@ def render_table(b: MemoryBudget) -> str:
         return f"{n / 2**20:,.0f} MiB"
 
     i, r, lay = b.inputs, b.resolved, b.layout
-    lines = [f"Memory plan: {b.gpu.name} (total {format_gib(b.gpu.total_bytes)}, free {format_gib(b.gpu.free_bytes)}; "
-             f"{b.gpu.source})",
-             f"  checkpoint: {b.checkpoint_source}",
-             f"  KV {i.kv_cache_dtype}, GDN state {r['state_dtype']}, SPEC {i.spec_method} "
-             f"k={i.num_speculative_tokens}, prefix caching {'on' if i.prefix_caching else 'off'} "
-             f"(mamba mode {r['mamba_cache_mode']}), MAX_SEQS {i.max_num_seqs}, MAX_BATCHED_TOKENS "
-             f"{i.max_num_batched_tokens}, " + (f"KV_MEM {i.kv_cache_memory_bytes:,} B" if i.kv_cache_memory_bytes
-                                                 else f"GPU_UTIL {i.gpu_memory_utilization}"),
-             "", "vLLM's start, in order:"]
+    lines = [
+        f"Memory plan: {b.gpu.name} (total {format_gib(b.gpu.total_bytes)}, free {format_gib(b.gpu.free_bytes)}; "
+        f"{b.gpu.source})",
+        f"  checkpoint: {b.checkpoint_source}",
+        f"  KV {i.kv_cache_dtype}, GDN state {r['state_dtype']}, SPEC {i.spec_method} "
+        f"k={i.num_speculative_tokens}, prefix caching {'on' if i.prefix_caching else 'off'} "
+        f"(mamba mode {r['mamba_cache_mode']}), MAX_SEQS {i.max_num_seqs}, MAX_BATCHED_TOKENS "
+        f"{i.max_num_batched_tokens}, "
+        + (
+            f"KV_MEM {i.kv_cache_memory_bytes:,} B"
+            if i.kv_cache_memory_bytes
+            else f"GPU_UTIL {i.gpu_memory_utilization}"
+        ),
+        "",
+        "vLLM's start, in order:",
+    ]
     t = b.terms
     lines.append(row("1. CUDA context", mib(t["cuda_context"].value), t["cuda_context"].source))
     lines.append(row("   free at vLLM's start snapshot", format_gib(b.free_at_start_bytes)))
-    lines.append(row("2. startup check: requested", format_gib(b.requested_bytes),
-                     f"ceil(total x {i.gpu_memory_utilization}) must be <= free at start"))
-    lines.append(row("3. weights", mib(t["weights"].value),
-                     f"incl. drafter {mib(t['drafter_weights'].value)}; vision "
-                     f"{'skipped' if i.language_model_only else 'loaded'}; {t['weights'].source}"))
+    lines.append(
+        row(
+            "2. startup check: requested",
+            format_gib(b.requested_bytes),
+            f"ceil(total x {i.gpu_memory_utilization}) must be <= free at start",
+        )
+    )
+    lines.append(
+        row(
+            "3. weights",
+            mib(t["weights"].value),
+            f"incl. drafter {mib(t['drafter_weights'].value)}; vision "
+            f"{'skipped' if i.language_model_only else 'loaded'}; {t['weights'].source}",
+        )
+    )
     if t["load_transient"].value:
         lines.append(row("   load transient", mib(t["load_transient"].value), t["load_transient"].source))
     lines.append(row("4. activation peak (profile)", mib(t["activation_peak"].value), t["activation_peak"].source))
     lines.append(row("5. CUDA graphs + non-torch", mib(t["cuda_graphs"].value), t["cuda_graphs"].source))
     if t["uncounted_graphs"].value:
-        lines.append(row("   graphs vLLM does not count", mib(t["uncounted_graphs"].value), t["uncounted_graphs"].source))
+        lines.append(
+            row("   graphs vLLM does not count", mib(t["uncounted_graphs"].value), t["uncounted_graphs"].source)
+        )
     lines.append(row("6. KV pool", f"{b.pool_bytes:,} B", f"{format_gib(b.pool_bytes)}, {b.num_blocks} blocks"))
     lines.append(row("7. boot check margin", mib(t["profile_margin"].value), t["profile_margin"].source))
-    lines.append(row("8. free after boot", format_gib(b.headroom_bytes),
-                     f"floor {mib(t['headroom_floor'].value)}: {t['headroom_floor'].source}"))
+    lines.append(
+        row(
+            "8. free after boot",
+            format_gib(b.headroom_bytes),
+            f"must stay >= HEADROOM_FLOOR {mib(t['headroom_floor'].value)}",
+        )
+    )
+    lines.append(row("RAM cache (host, pinned)", str(r["ram_cache"]), "RAM_CACHE -> --kv-offloading-size"))
     lines += ["", "KV cache (vLLM 0.32.0 arithmetic):"]
     lines.append(row("KV bytes / token / attn layer", f"{b.attn_bytes_per_token_layer:,} B"))
     lines.append(row("KV bytes / token (all layers)", f"{b.kv_bytes_per_token:,} B"))
-    lines.append(row("GDN state page (conv + SSM)", f"{b.gdn_page['bytes']:,} B",
-                     f"conv {b.gdn_page['conv_bytes']:,} + ssm {b.gdn_page['ssm_bytes']:,}"))
-    lines.append(row("attention block size", f"{lay.attention_block_size} tok",
-                     f"GDN page padded by {lay.mamba_padding_pct:.2f}% to {lay.mamba_page_padded:,} B"))
-    lines.append(row("groups", " + ".join(f"{g.num_layers}{g.spec.kind[0]}" for g in lay.groups),
-                     f"bytes per block {lay.bytes_per_block:,}"))
+    lines.append(
+        row(
+            "GDN state page (conv + SSM)",
+            f"{b.gdn_page['bytes']:,} B",
+            f"conv {b.gdn_page['conv_bytes']:,} + ssm {b.gdn_page['ssm_bytes']:,}",
+        )
+    )
+    lines.append(
+        row(
+            "attention block size",
+            f"{lay.attention_block_size} tok",
+            f"GDN page padded by {lay.mamba_padding_pct:.2f}% to {lay.mamba_page_padded:,} B",
+        )
+    )
+    lines.append(
+        row(
+            "groups",
+            " + ".join(f"{g.num_layers}{g.spec.kind[0]}" for g in lay.groups),
+            f"bytes per block {lay.bytes_per_block:,}",
+        )
+    )
     lines.append(row("state pages / request / group", str(lay.state_blocks_per_group)))
     lines += ["", "Result:"]
     lines.append(row("MAX_LEN", f"{b.max_model_len:,}"))
@@ -95,11 +137,17 @@ def run_plan(args: argparse.Namespace) -> int:
         choose_len = parse_overrides(args.set or []).get("MAX_LEN", None) == ""
         settings = settings_from_args(args, os.environ)
         model_dir = Path(args.model_dir) if args.model_dir else None
-        budget = plan_memory(settings, gpu, model_dir=model_dir)
+        host = read_host_facts()
+        if args.host_ram:
+            ram = parse_size(args.host_ram)
+            host = HostFacts(ram, ram, args.wsl2, f"--host-ram {args.host_ram}")
+        budget = plan_memory(settings, gpu, model_dir=model_dir, host=host)
         if choose_len and budget.largest_fitting_max_len and budget.outcome in (Outcome.FITS, Outcome.SHORTER):
-            budget = plan_memory(settings, gpu, model_dir=model_dir, max_len=budget.largest_fitting_max_len)
+            budget = plan_memory(settings, gpu, model_dir=model_dir, max_len=budget.largest_fitting_max_len, host=host)
     except GpuError as exc:
         return _fail(str(exc))
+    except SizeError as exc:
+        return _fail(f"--host-ram={args.host_ram!r} {exc}")
     except SettingsError as exc:
         errors = [p.message for p in exc.problems if p.severity == "error"] or [str(exc)]
         return _fail("; ".join(errors))
@@ -114,16 +162,22 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "plan", help="print the GPU memory budget (weights, KV pool, headroom)",
+        "plan",
+        help="print the GPU memory budget (weights, KV pool, headroom)",
         description="Compute what fits on a card from the checkpoint's config and safetensors headers (or, before "
-                    "the download, the default model's bundled shapes), without loading anything. Exit 0 fits, "
-                    "3 fits only with a shorter context, 4 vLLM would refuse to boot, 5 card full after boot, "
-                    "2 bad input.")
-    p.add_argument("--gpu", default="rtx3090",
-                   help=f"a card ({', '.join(CARDS)}) or CUDA's total memory as a size, e.g. 23.5GiB "
-                        "(GB = 10^9, GiB = 2^30); default rtx3090")
+        "the download, the default model's bundled shapes), without loading anything. Exit 0 fits, "
+        "3 fits only with a shorter context, 4 vLLM would refuse to boot, 5 card full after boot, "
+        "2 bad input.",
+    )
+    p.add_argument(
+        "--gpu",
+        default="rtx3090",
+        help=f"a card ({', '.join(CARDS)}) or CUDA's total memory as a size, e.g. 23.5GiB "
+        "(GB = 10^9, GiB = 2^30); default rtx3090",
+    )
     p.add_argument("--wsl2", action="store_true", help="the card under WSL2 (its driver leaves ~0.5 GiB less)")
     p.add_argument("--reserved", help="memory other programs hold on the card (desktop, browser), e.g. 1.5GiB")
+    p.add_argument("--host-ram", help="host RAM available for RAM_CACHE, e.g. 64GiB (default: this machine's)")
     p.add_argument("--json", action="store_true", help="print the budget as JSON")
     p.add_argument("--model-dir", help="checkpoint directory (default: MODELS_DIR/MODEL, else the bundled shapes)")
     add_settings_arguments(p)

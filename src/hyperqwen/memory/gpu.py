@@ -58,15 +58,27 @@ def _card(name: str, smi_mib: int, linux_mib: int, source: str) -> Card:
 _DERIVED = f"derived: nvidia-smi total minus the RTX 3090's measured {RESERVED_24GB_MIB} MiB driver reservation"
 
 CARDS: dict[str, Card] = {
-    "rtx3090": _card("NVIDIA GeForce RTX 3090", 24576, 24125,
-                     "vLLM log 'Free memory on device (22.93/23.56 GiB)', github.com/wtdcode/vllm-backport/issues/34"),
+    "rtx3090": _card(
+        "NVIDIA GeForce RTX 3090",
+        24576,
+        24125,
+        "vLLM log 'Free memory on device (22.93/23.56 GiB)', github.com/wtdcode/vllm-backport/issues/34",
+    ),
     "rtx3090ti": _card("NVIDIA GeForce RTX 3090 Ti", 24564, 24564 - RESERVED_24GB_MIB, _DERIVED),
-    "rtx4090": _card("NVIDIA GeForce RTX 4090", 24564, 24564 - RESERVED_24GB_MIB,
-                     _DERIVED + "; nvidia-smi 24564MiB in github.com/vllm-project/vllm/issues/7553"),
+    "rtx4090": _card(
+        "NVIDIA GeForce RTX 4090",
+        24564,
+        24564 - RESERVED_24GB_MIB,
+        _DERIVED + "; nvidia-smi 24564MiB in github.com/vllm-project/vllm/issues/7553",
+    ),
     "a5000": _card("NVIDIA RTX A5000", 24564, 24564 - RESERVED_24GB_MIB, _DERIVED),
     "rtx4080": _card("NVIDIA GeForce RTX 4080", 16376, 16376 - RESERVED_24GB_MIB, _DERIVED),
-    "rtx5090": _card("NVIDIA GeForce RTX 5090", 32607, 32123,
-                     "vLLM log 'total_gpu_memory (31.37GiB)', github.com/vllm-project/vllm/issues/14452"),
+    "rtx5090": _card(
+        "NVIDIA GeForce RTX 5090",
+        32607,
+        32123,
+        "vLLM log 'total_gpu_memory (31.37GiB)', github.com/vllm-project/vllm/issues/14452",
+    ),
     "a6000": _card("NVIDIA RTX A6000", 49140, 49140 - RESERVED_24GB_MIB, _DERIVED),
     "h200": _card("NVIDIA H200", 143771, 143156, "measured on an H200: torch.cuda.mem_get_info vs nvidia-smi"),
 }
@@ -80,7 +92,8 @@ def find_card(text: str) -> Card | None:
     """A card by short name ('rtx3090', '3090', 'RTX-4090') or by nvidia-smi's name; None when unknown."""
     key = _card_key(text)
     for short, card in CARDS.items():
-        if key in (short, short.removeprefix("rtx"), _card_key(card.name), _card_key(card.name.removeprefix("NVIDIA "))):
+        names = (short, short.removeprefix("rtx"), _card_key(card.name), _card_key(card.name.removeprefix("NVIDIA ")))
+        if key in names:
             return card
     return None
 
@@ -139,8 +152,10 @@ def parse_gpu(text: str, *, reserved: str | None = None, wsl2: bool = False) -> 
             names = ", ".join(CARDS)
             raise GpuError(f"--gpu={text!r} is neither a card name ({names}) nor a size: it {exc}") from None
         if not MIN_CARD_BYTES <= total <= MAX_CARD_BYTES:
-            raise GpuError(f"--gpu={text!r} is {total:,} B; a card between 4GiB and 1TiB is expected "
-                           "(write e.g. 24GiB or a card name such as rtx3090)")
+            raise GpuError(
+                f"--gpu={text!r} is {total:,} B; a card between 4GiB and 1TiB is expected "
+                "(write e.g. 24GiB or a card name such as rtx3090)"
+            )
         gpu = GpuFacts.nominal(total, reserved_bytes=reserved_bytes, wsl2=wsl2)
     if reserved_bytes >= gpu.total_bytes:
         raise GpuError(f"--reserved={reserved!r} is not less than the card's {gpu.total_bytes / GiB:.2f} GiB")
@@ -148,6 +163,7 @@ def parse_gpu(text: str, *, reserved: str | None = None, wsl2: bool = False) -> 
 
 
 # --- reading the real card ----------------------------------------------------------------------------
+
 
 class GpuQueryError(RuntimeError):
     """nvidia-smi exists but failed or printed something unexpected."""
@@ -157,8 +173,9 @@ def nvidia_smi_path() -> str | None:
     return shutil.which("nvidia-smi")
 
 
-def query_nvidia_smi(fields: str, *, exe: str | None = None, units: bool = False,
-                     timeout: float = 60) -> list[list[str]]:
+def query_nvidia_smi(
+    fields: str, *, exe: str | None = None, units: bool = False, timeout: float = 60
+) -> list[list[str]]:
     """Rows of `nvidia-smi --query-gpu=FIELDS --format=csv,noheader[,nounits]`, one list of strings per GPU.
 
     Raises GpuQueryError when nvidia-smi is missing, fails, or prints a row with the wrong field count.
@@ -168,8 +185,13 @@ def query_nvidia_smi(fields: str, *, exe: str | None = None, units: bool = False
         raise GpuQueryError("nvidia-smi is not on PATH")
     fmt = "csv,noheader" if units else "csv,noheader,nounits"
     try:
-        proc = subprocess.run([exe, f"--query-gpu={fields}", f"--format={fmt}"], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            [exe, f"--query-gpu={fields}", f"--format={fmt}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise GpuQueryError(str(exc)) from exc
     if proc.returncode != 0:
@@ -190,8 +212,10 @@ def cuda_total_from_smi(smi_total_mib: int, name: str) -> tuple[int, str]:
     if card is not None and abs(card.smi_mib - smi_total_mib) <= 64:
         return card.linux_mib * MiB, f"nvidia-smi {smi_total_mib} MiB, CUDA total from the card table ({card.source})"
     total = max(smi_total_mib - RESERVED_MAX_MIB, 0)
-    return total * MiB, (f"nvidia-smi {smi_total_mib} MiB minus {RESERVED_MAX_MIB} MiB (the largest driver "
-                         "reservation measured; CUDA reports less than nvidia-smi)")
+    return total * MiB, (
+        f"nvidia-smi {smi_total_mib} MiB minus {RESERVED_MAX_MIB} MiB (the largest driver "
+        "reservation measured; CUDA reports less than nvidia-smi)"
+    )
 
 
 def read_gpu_facts(device_index: int = 0) -> GpuFacts | None:
@@ -214,8 +238,12 @@ def read_gpu_facts(device_index: int = 0) -> GpuFacts | None:
 
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info(device_index)
-            return GpuFacts(int(total), int(free), torch.cuda.get_device_name(device_index),
-                            "torch.cuda.mem_get_info (free includes this process's CUDA context)")
+            return GpuFacts(
+                int(total),
+                int(free),
+                torch.cuda.get_device_name(device_index),
+                "torch.cuda.mem_get_info (free includes this process's CUDA context)",
+            )
     except Exception:  # noqa: BLE001 - no torch or a broken driver means "no facts", not a crash
         pass
     return None

@@ -16,16 +16,27 @@ from dataclasses import dataclass, field
 # kv_cache_dtype -> bytes per stored element (utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE).
 # "auto" means the model dtype and is resolved by the caller.
 KV_ELEMENT_BYTES: Mapping[str, int] = {
-    "float16": 2, "bfloat16": 2, "float32": 4,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-    "int8_per_token_head": 1, "fp8_per_token_head": 1, "int4_per_token_head": 1,
-    "turboquant_k8v4": 1, "turboquant_4bit_nc": 1, "turboquant_k3v4_nc": 1, "turboquant_3bit_nc": 1,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8_per_token_head": 1,
+    "fp8_per_token_head": 1,
+    "int4_per_token_head": 1,
+    "turboquant_k8v4": 1,
+    "turboquant_4bit_nc": 1,
+    "turboquant_k3v4_nc": 1,
+    "turboquant_3bit_nc": 1,
 }
 PER_TOKEN_HEAD_DTYPES = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 # turboquant presets: (key bits, value bits) (model_executor/layers/quantization/turboquant/config.py TQ_PRESETS)
 TURBOQUANT_PRESETS: Mapping[str, tuple[int, int]] = {
-    "turboquant_k8v4": (8, 4), "turboquant_4bit_nc": (4, 4),
-    "turboquant_k3v4_nc": (3, 4), "turboquant_3bit_nc": (3, 3),
+    "turboquant_k8v4": (8, 4),
+    "turboquant_4bit_nc": (4, 4),
+    "turboquant_k3v4_nc": (3, 4),
+    "turboquant_3bit_nc": (3, 3),
 }
 SUPPORTED_KV_DTYPES = ("auto", *KV_ELEMENT_BYTES)
 # Per-token-head modes store one float32 scale per head for K and one for V
@@ -42,8 +53,9 @@ def _turboquant_slot_bytes(preset: str, head_dim: int) -> int:
     return slot + slot % 2
 
 
-def attention_bytes_per_token_layer(kv_cache_dtype: str, num_kv_heads: int, head_dim: int,
-                                    model_dtype_bytes: int, head_dim_v: int | None = None) -> int:
+def attention_bytes_per_token_layer(
+    kv_cache_dtype: str, num_kv_heads: int, head_dim: int, model_dtype_bytes: int, head_dim_v: int | None = None
+) -> int:
     """Bytes one token occupies in one full-attention layer's KV cache page (block_size=1 page).
 
     Mirrors AttentionSpec.page_size_bytes after the GPU backend's customize_spec
@@ -55,8 +67,9 @@ def attention_bytes_per_token_layer(kv_cache_dtype: str, num_kv_heads: int, head
     elif kv_cache_dtype in KV_ELEMENT_BYTES:
         elt = KV_ELEMENT_BYTES[kv_cache_dtype]
     else:
-        raise ValueError(f"KV dtype {kv_cache_dtype!r} is not modelled by the planner; "
-                         f"use one of: {', '.join(SUPPORTED_KV_DTYPES)}")
+        raise ValueError(
+            f"KV dtype {kv_cache_dtype!r} is not modelled by the planner; use one of: {', '.join(SUPPORTED_KV_DTYPES)}"
+        )
     if kv_cache_dtype in TURBOQUANT_PRESETS:
         return num_kv_heads * _turboquant_slot_bytes(kv_cache_dtype, head_dim)
     if kv_cache_dtype in PER_TOKEN_HEAD_DTYPES:
@@ -66,6 +79,7 @@ def attention_bytes_per_token_layer(kv_cache_dtype: str, num_kv_heads: int, head
 
 
 # --- GDN state -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class GdnStatePage:
@@ -79,9 +93,18 @@ class GdnStatePage:
         return self.conv_bytes + self.ssm_bytes
 
 
-def gdn_state_page(*, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                   conv_kernel: int, num_speculative_tokens: int, conv_dtype_bytes: int,
-                   ssm_dtype_bytes: int, tp_size: int = 1) -> GdnStatePage:
+def gdn_state_page(
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    conv_kernel: int,
+    num_speculative_tokens: int,
+    conv_dtype_bytes: int,
+    ssm_dtype_bytes: int,
+    tp_size: int = 1,
+) -> GdnStatePage:
     """Conv state (kernel-1+k) x conv_dim plus SSM state v_heads x v_dim x k_dim.
 
     model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator.gated_delta_net_state_shape and
@@ -104,9 +127,12 @@ DEFAULT_KERNEL_BLOCK_ALIGNMENT = 16
 CPU_KERNEL_BLOCK_ALIGNMENT = 128
 
 
-def hybrid_attention_block_size(attn_bytes_per_token: int, mamba_page_bytes: int,
-                                kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT,
-                                configured_block_size: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT) -> int:
+def hybrid_attention_block_size(
+    attn_bytes_per_token: int,
+    mamba_page_bytes: int,
+    kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT,
+    configured_block_size: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT,
+) -> int:
     """Smallest kernel-aligned attention block whose page (per layer) is >= the GDN page.
 
     platforms/interface.py Platform._align_hybrid_block_size.
@@ -117,6 +143,7 @@ def hybrid_attention_block_size(attn_bytes_per_token: int, mamba_page_bytes: int
 
 
 # --- layers, groups and the pool -------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -297,10 +324,13 @@ def pool_layout(p: PoolInputs) -> PoolLayout:
     mamba_padded = attn_page if attn_page != mamba_unpadded else None
     target_attn = LayerSpec("attention", block, bytes_per_token=p.attn_bytes_per_token_layer, label="target")
     mamba = LayerSpec("mamba", block, state_bytes=mamba_unpadded, page_size_padded=mamba_padded)
-    layers: list[LayerSpec] = [mamba] * p.num_gdn_layers + [target_attn] * (p.num_attention_layers + p.mtp_attention_layers)
+    layers: list[LayerSpec] = [mamba] * p.num_gdn_layers + [target_attn] * (
+        p.num_attention_layers + p.mtp_attention_layers
+    )
     if p.drafter_layers:
-        layers += [LayerSpec("attention", block, bytes_per_token=p.drafter_bytes_per_token_layer,
-                             label="drafter")] * p.drafter_layers
+        layers += [
+            LayerSpec("attention", block, bytes_per_token=p.drafter_bytes_per_token_layer, label="drafter")
+        ] * p.drafter_layers
     layers = unify_page_sizes(layers)
     groups = group_layers(layers)
     final_mamba = next(g.spec for g in groups if g.spec.kind == "mamba")

@@ -60,12 +60,14 @@ class Heads:
         heads = int(text["num_attention_heads"])  # type: ignore[call-overload]
         quant = config.get("quantization_config") or {}
         group = quant.get("group_size") if isinstance(quant, Mapping) else None
-        return cls(num_attention_heads=heads,
-                   num_kv_heads=int(text.get("num_key_value_heads", heads)),  # type: ignore[call-overload]
-                   linear_num_key_heads=int(text.get("linear_num_key_heads", 0)),  # type: ignore[call-overload]
-                   linear_num_value_heads=int(text.get("linear_num_value_heads", 0)),  # type: ignore[call-overload]
-                   intermediate_size=int(text["intermediate_size"]),  # type: ignore[call-overload]
-                   quant_group_size=int(group) if group else None)
+        return cls(
+            num_attention_heads=heads,
+            num_kv_heads=int(text.get("num_key_value_heads", heads)),  # type: ignore[call-overload]
+            linear_num_key_heads=int(text.get("linear_num_key_heads", 0)),  # type: ignore[call-overload]
+            linear_num_value_heads=int(text.get("linear_num_value_heads", 0)),  # type: ignore[call-overload]
+            intermediate_size=int(text["intermediate_size"]),  # type: ignore[call-overload]
+            quant_group_size=int(group) if group else None,
+        )
 
 
 def load_heads(model_dir: Path) -> tuple[Heads, str]:
@@ -73,8 +75,9 @@ def load_heads(model_dir: Path) -> tuple[Heads, str]:
     path = Path(model_dir) / "config.json"
     if path.is_file():
         return Heads.from_config(json.loads(path.read_text())), str(path)
-    from hyperqwen.memory.bundled import BUNDLE
     import gzip
+
+    from hyperqwen.memory.bundled import BUNDLE
 
     return Heads.from_config(json.loads(gzip.decompress(BUNDLE.read_bytes()))["config"]), f"{BUNDLE.name} (bundled)"
 
@@ -95,8 +98,10 @@ def tp_problems(heads: Heads, tp: int, where: str = "config.json") -> list[str]:
     if heads.num_kv_heads >= tp:
         need(heads.num_kv_heads, "num_key_value_heads")
     elif tp % heads.num_kv_heads:
-        out.append(f"TP={tp} is larger than num_key_value_heads={heads.num_kv_heads} ({where}) and not a multiple "
-                   "of it, so the KV heads cannot be replicated evenly")
+        out.append(
+            f"TP={tp} is larger than num_key_value_heads={heads.num_kv_heads} ({where}) and not a multiple "
+            "of it, so the KV heads cannot be replicated evenly"
+        )
     if heads.linear_num_key_heads:
         need(heads.linear_num_key_heads, "linear_num_key_heads")
     if heads.linear_num_value_heads:
@@ -104,8 +109,10 @@ def tp_problems(heads: Heads, tp: int, where: str = "config.json") -> list[str]:
     need(heads.intermediate_size, "intermediate_size")
     group = heads.quant_group_size
     if group and heads.intermediate_size % tp == 0 and (heads.intermediate_size // tp) % group:
-        out.append(f"TP={tp}: each rank's share of intermediate_size={heads.intermediate_size} is "
-                   f"{heads.intermediate_size // tp}, not a whole number of quantization groups of {group}")
+        out.append(
+            f"TP={tp}: each rank's share of intermediate_size={heads.intermediate_size} is "
+            f"{heads.intermediate_size // tp}, not a whole number of quantization groups of {group}"
+        )
     return out
 
 
@@ -121,18 +128,24 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
 def rank_shape(shape: ModelShape, tp: int) -> ModelShape:
     """The model as one rank sees it: per-rank KV heads, GDN heads and MLP width (hidden size and vocab stay:
     activations between layers and the gathered logits are whole on every rank)."""
-    return replace(shape, num_kv_heads=kv_heads_per_rank(shape.num_kv_heads, tp),
-                   linear_num_key_heads=shape.linear_num_key_heads // tp,
-                   linear_num_value_heads=shape.linear_num_value_heads // tp,
-                   intermediate_size=shape.intermediate_size // tp)
+    return replace(
+        shape,
+        num_kv_heads=kv_heads_per_rank(shape.num_kv_heads, tp),
+        linear_num_key_heads=shape.linear_num_key_heads // tp,
+        linear_num_value_heads=shape.linear_num_value_heads // tp,
+        intermediate_size=shape.intermediate_size // tp,
+    )
 
 
 def _split(t: TensorInfo, tp: int) -> TensorInfo:
     if t.name.endswith(_REPLICATED_SUFFIXES) or not t.shape:
         return t
     shape = list(t.shape)
-    if t.name.endswith(("embed_tokens.weight", "lm_head.weight", "embed_tokens.weight_scale",
-                        "lm_head.weight_scale")) or "embed_tokens." in t.name or "lm_head." in t.name:
+    if (
+        t.name.endswith(("embed_tokens.weight", "lm_head.weight", "embed_tokens.weight_scale", "lm_head.weight_scale"))
+        or "embed_tokens." in t.name
+        or "lm_head." in t.name
+    ):
         shape[0] = -(-shape[0] // VOCAB_PADDING) * VOCAB_PADDING
     # Split the first dimension TP divides (column-parallel splits outputs, row-parallel inputs; the bytes are
     # the same either way); a dimension no split fits is rounded up, as vLLM pads the last shard.

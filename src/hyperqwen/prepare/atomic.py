@@ -85,25 +85,67 @@ def make_dirs(path: Path) -> None:
 
 
 def enospc_error(path: Path, exc: OSError) -> DiskSpaceError:
-    usage = shutil.disk_usage(path.parent if not path.is_dir() else path)
+    where = path.parent if not path.is_dir() else path
+    usage = shutil.disk_usage(where)
+    stat = os.statvfs(where)
+    inodes = stat.f_files and stat.f_favail == 0
     return DiskSpaceError(
-        f"disk full while writing {path} ({exc.strerror}); {usage.free / 2**30:.2f} GiB free on that filesystem",
-        fix="free space on the models volume or point MODELS_DIR at a larger disk, then run prepare again "
-            "(it resumes; nothing half-written was kept)")
+        f"disk full while writing {path} ({exc.strerror}); {usage.free / 2**30:.2f} GiB free"
+        + (" but no free inodes" if inodes else "") + " on that filesystem",
+        fix="free space (or inodes) on the models volume or point MODELS_DIR at a larger disk, then run prepare "
+            "again (it resumes; nothing half-written was kept)")
 
 
 class HashingWriter:
-    """A file object wrapper that hashes everything written, so outputs are never re-read to hash them."""
+    """A file object wrapper that hashes everything written, so outputs are never re-read to hash them.
+
+    `write_owned` hands a buffer the caller will not touch again to one background thread that writes and
+    hashes it (both release the GIL), so with a second core the quantization of the next block overlaps the
+    write and the hash of this one. Order is kept: one thread, FIFO; `write` and `drain` wait for it."""
+
+    MAX_PENDING = 4  # bounds the memory held by queued blocks (a few MiB each)
 
     def __init__(self, handle: BinaryIO) -> None:
         self.handle = handle
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self._pending: list[Any] = []
+        self._executor: Any = None
 
-    def write(self, data: bytes | memoryview) -> None:
+    def _write_now(self, data: bytes | memoryview) -> None:
         self.handle.write(data)
         self.sha256.update(data)
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.drain()
+        self._write_now(data)
         self.size += len(data)
+
+    def write_owned(self, data: bytes | memoryview) -> None:
+        if _CPUS < 2:
+            self.write(data)
+            return
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="hyperqwen-write")
+        while len(self._pending) >= self.MAX_PENDING:
+            self._pending.pop(0).result()
+        self._pending.append(self._executor.submit(self._write_now, data))
+        self.size += len(data)
+
+    def drain(self) -> None:
+        """Wait for every queued write; re-raises the first error (ENOSPC, ...)."""
+        try:
+            while self._pending:
+                self._pending.pop(0).result()
+        finally:
+            if not self._pending and self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+
+_CPUS = len(os.sched_getaffinity(0))
 
 
 @contextmanager
@@ -116,7 +158,10 @@ def atomic_write(path: Path) -> Iterator[HashingWriter]:
     try:
         with open(tmp, "wb") as handle:
             writer = HashingWriter(handle)
-            yield writer
+            try:
+                yield writer
+            finally:
+                writer.drain()
             crash_point(f"before-fsync:{path.name}")
             handle.flush()
             os.fsync(handle.fileno())

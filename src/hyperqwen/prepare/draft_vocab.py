@@ -389,33 +389,28 @@ RECOUNT_PROMPTS = (
 
 
 def _post_json(url: str, body: dict[str, Any], api_key: str, timeout: float) -> dict[str, Any]:
-    import urllib.error
-    import urllib.request
+    from hyperqwen.formats.http import HttpError, post
 
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read()[:300].decode(errors="replace")
-        raise PrepareError(f"{url} answered HTTP {exc.code}: {detail}",
-                           fix="check --url, --api-key-file and --model against the running server") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise PrepareError(f"cannot reach {url} ({exc})", fix="start the server (hyperqwen serve) and check --url"
-                           ) from None
+        response = post(url, body, api_key=api_key or None, timeout=timeout)
+    except HttpError as exc:
+        raise PrepareError(f"cannot reach {url} ({exc.reason})",
+                           fix="start the server (hyperqwen serve) and check --url") from None
+    if not response.ok:
+        raise PrepareError(f"{url} answered HTTP {response.status}: {response.brief(300)}",
+                           fix="check --url, --api-key-file and --model against the running server")
+    return response.json()
 
 
 def _served_model(base: str, api_key: str, timeout: float) -> str:
-    import urllib.request
+    from hyperqwen.formats.http import HttpError, get
 
-    request = urllib.request.Request(f"{base}/v1/models",
-                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            models = json.loads(response.read()).get("data") or []
-    except Exception as exc:  # noqa: BLE001 - any failure: name the URL and what to do
+        response = get(f"{base}/v1/models", api_key=api_key or None, timeout=timeout)
+        if not response.ok:
+            raise ValueError(f"HTTP {response.status}: {response.brief()}")
+        models = response.json().get("data") or []
+    except (HttpError, ValueError, AttributeError) as exc:
         raise PrepareError(f"cannot list models at {base}/v1/models ({exc})",
                            fix="check --url and --api-key-file, or pass --model") from None
     if not models:

@@ -418,6 +418,14 @@ def _preflight(steps: StepList, paths: StatePaths, done: set[str], reusable: set
         if _shares_inode(out) and out.source is not None and out.source.stat().st_dev == staging_dev:
             continue  # hard link: no new blocks
         needed += out.size
+    files = sum(1 for out in steps.outputs if out.path not in done) + 4  # + progress, manifest, temp names
+    stat = os.statvfs(paths.staging)
+    if stat.f_files and files > stat.f_favail:  # f_files == 0: the file system does not count inodes
+        raise DiskSpaceError(
+            f"prepare needs {files} new files in {paths.staging.parent}, but its file system has only "
+            f"{stat.f_favail} free inodes",
+            fix="delete files there (or remount with more inodes, e.g. tmpfs nr_inodes=) or point MODELS_DIR at "
+                "another disk, then run prepare again")
     free = shutil.disk_usage(paths.staging).free
     if needed + DISK_MARGIN_BYTES > free:
         raise DiskSpaceError(
@@ -529,7 +537,37 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
     _preflight(steps, paths, done, reusable, options)
 
     written, reused = [], []
-    for out in steps.outputs:
+    # A download's shards were hashed against the hub's sha256 already; reuse those while the file's size and
+    # mtime are unchanged, else hash now. With a second core, the shards to hash are hashed by a background
+    # thread while the requantized files (done first) are written.
+    source_hashes = progress.setdefault("source_hashes", {})
+    for name, entry in steps.source.hash_cache().items():
+        source_hashes.setdefault(name, entry)
+    ordered = sorted(steps.outputs, key=lambda o: o.kind not in ("rewrite", "draft"))
+    hashing: dict[str, Any] = {}
+    executor = None
+    if len(os.sched_getaffinity(0)) >= 2:
+        from concurrent.futures import ThreadPoolExecutor
+
+        executor = ThreadPoolExecutor(1, thread_name_prefix="hyperqwen-hash")
+        for out in ordered:
+            if out.path not in done and out.path not in reusable and _shares_inode(out) and out.source is not None:
+                # A private copy of the cache: the main thread serializes source_hashes into the progress file.
+                hashing[out.path] = executor.submit(_file_sha, out.source, dict(source_hashes), out.path)
+    try:
+        return _write_outputs(steps, options, paths, verified_cache, progress, fingerprint, done, reusable, ordered,
+                              hashing, source_hashes, written, reused, old_files, old_manifest)
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_outputs(steps: StepList, options: PrepareOptions, paths: StatePaths, verified_cache: dict[str, list],
+                   progress: dict[str, Any], fingerprint: str, done: set[str], reusable: set[str],
+                   ordered: list[OutputFile], hashing: dict[str, Any], source_hashes: dict[str, list],
+                   written: list[str], reused: list[str], old_files: dict[str, Any], old_manifest: dict[str, Any]
+                   ) -> Result:
+    for out in ordered:
         if out.path in done:
             reused.append(out.path)
             continue
@@ -546,12 +584,12 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
         elif out.kind == "link":
             assert out.source is not None
             if _shares_inode(out):
-                # A download's shards were hashed against the hub's sha256 already; reuse those while the
-                # file's size and mtime are unchanged, else hash now.
-                cache = progress.setdefault("source_hashes", {})
-                for name, entry in steps.source.hash_cache().items():
-                    cache.setdefault(name, entry)
-                sha = _file_sha(out.source, cache, out.path)
+                job = hashing.pop(out.path, None)
+                if job is not None:
+                    sha = job.result()
+                    source_hashes[out.path] = [*_identity(out.source), sha]
+                else:
+                    sha = _file_sha(out.source, source_hashes, out.path)
                 link_or_copy(out.source, target)
                 size = out.size
             else:

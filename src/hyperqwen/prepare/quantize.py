@@ -26,6 +26,7 @@ from hyperqwen.prepare.safetensors_io import (
     f32_to_bf16_bits,
     from_float_bits,
     read_rows_f32,
+    read_rows_raw,
     to_float_bits,
 )
 
@@ -186,7 +187,83 @@ def _numba_kernels():
             err_rows[i] = e
             ref_rows[i] = r
 
-    return group_amax, quantize_rows
+    # One pass per 128-group for bfloat16 input, straight from the file's bytes: widen to float32, find the
+    # group's largest magnitude, round its scale up to the next bfloat16 (the same bits as scales_from_amax),
+    # quantize, and sum the errors, all while the group sits in L1. Reassociation lets LLVM vectorize the sums
+    # (they only feed the error check); the quantized bytes do not depend on it (no reciprocal or FMA flags).
+    # One pass per 128-group for bfloat16 input, straight from the file's bytes: widen to float32, find the
+    # group's largest magnitude, round its scale up to the next bfloat16 (the same bits as scales_from_amax),
+    # quantize, and sum the errors, all while the group sits in L1. Reassociation lets LLVM vectorize the sums
+    # (they only feed the error check); the quantized bytes do not depend on it (no reciprocal or FMA flags).
+    @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "nsz"})
+    def quantize_bf16_rows(raw, stored, out_u8, err_rows, ref_rows, rest_err, rest_ref):  # pragma: no cover
+        rows, cols = raw.shape
+        groups = cols // 128
+        bits = np.empty(128, np.uint32)
+        f = bits.view(np.float32)
+        sbits = np.empty(1, np.uint32)
+        sf = sbits.view(np.float32)
+        for i in range(rows):
+            e = 0.0
+            r = 0.0
+            for g in range(groups):
+                base = g * 128
+                # |x| of a bfloat16 is its bits without the sign; their integer order is the float order (NaN
+                # sorts above Inf, so a NaN makes the maximum NaN and the row's sums non-finite: reported by name).
+                m16 = np.uint16(0)
+                for k in range(128):
+                    v = raw[i, base + k]
+                    bits[k] = np.uint32(v) << np.uint32(16)
+                    m16 = max(m16, v & np.uint16(0x7FFF))
+                cnt = 0
+                for k in range(128):
+                    cnt += (raw[i, base + k] & np.uint16(0x7FFF)) == m16
+                sbits[0] = np.uint32(m16) << np.uint32(16)
+                m = sf[0]
+                sf[0] = m / np.float32(127)
+                ideal = sf[0]
+                b = sbits[0]
+                b16 = (b + ((b >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)) >> np.uint32(16)
+                sbits[0] = b16 << np.uint32(16)
+                if sf[0] < ideal:
+                    b16 += np.uint32(1)
+                    sbits[0] = b16 << np.uint32(16)
+                if sf[0] == 0:
+                    b16 = np.uint32(0x3F80)  # bfloat16 1.0: an all-zero group dequantizes to 0 with any scale
+                    sbits[0] = b16 << np.uint32(16)
+                s = sf[0]
+                stored[i, g] = np.uint16(b16)
+                inv = np.float32(1) / s
+                eg = np.float32(0)
+                rg = np.float32(0)
+                reg = np.float32(0)
+                rrg = np.float32(0)
+                for k in range(128):
+                    x = f[k]
+                    q = np.rint(x * inv)
+                    d = x - q * s
+                    dd = d * d
+                    xx = x * x
+                    keep = np.float32(abs(x) != m)
+                    eg += dd
+                    rg += xx
+                    reg += dd * keep
+                    rrg += xx * keep
+                    out_u8[i, base + k] = np.uint8(np.int32(q) + 128)
+                # Exclude exactly one largest weight: add back the others that tie with it.
+                if cnt > 1:
+                    qm = np.rint(m * inv)
+                    dm = m - qm * s
+                    reg += np.float32(cnt - 1) * dm * dm
+                    rrg += np.float32(cnt - 1) * m * m
+                rest_err[i, g] = reg
+                rest_ref[i, g] = rrg
+                e += eg
+                r += rg
+            err_rows[i] = e
+            ref_rows[i] = r
+
+    return group_amax, quantize_rows, quantize_bf16_rows
 
 
 _KERNELS: list = []
@@ -239,7 +316,7 @@ def quantize_block_stats(w: np.ndarray, dtype: str, use_fused: bool = False) -> 
     rest_err = np.empty((rows, groups), np.float32)
     rest_ref = np.empty((rows, groups), np.float32)
     if fused is not None:
-        group_amax, quantize_rows = fused
+        group_amax, quantize_rows, _ = fused
         stored = np.empty((rows, groups), STORAGE_DTYPES[dtype])
         out = np.empty((rows, cols), np.uint8)
         err_rows = np.empty(rows, np.float64)
@@ -284,6 +361,31 @@ def quantize_block_stats(w: np.ndarray, dtype: str, use_fused: bool = False) -> 
     return BlockResult(packed, stored, err_sq, ref_sq, rest_err, rest_ref, row_ref)
 
 
+def quantize_bf16_raw(raw: np.ndarray) -> BlockResult | None:
+    """The fused one-pass kernel on bfloat16 rows as stored (uint16 [rows, cols]); None without numba."""
+    fused = kernels()
+    if fused is None:
+        return None
+    kernel = fused[2]
+    rows, cols = raw.shape
+    groups = cols // GROUP_SIZE
+    stored = np.empty((rows, groups), np.uint16)
+    out = np.empty((rows, cols), np.uint8)
+    err_rows = np.empty(rows, np.float64)
+    ref_rows = np.empty(rows, np.float64)
+    rest_err = np.empty((rows, groups), np.float32)
+    rest_ref = np.empty((rows, groups), np.float32)
+
+    def run(begin: int, end: int) -> None:  # the kernel releases the GIL: row slices run in parallel
+        kernel(raw[begin:end], stored[begin:end], out[begin:end], err_rows[begin:end], ref_rows[begin:end],
+               rest_err[begin:end], rest_ref[begin:end])
+
+    step = -(-rows // WORKERS)
+    list(_pool().map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
+    return BlockResult(out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err, rest_ref,
+                       ref_rows)
+
+
 def group_rel_errors(rest_err: np.ndarray, rest_ref: np.ndarray) -> np.ndarray:
     """Per-group relative error of the weights other than the largest; 0 where they are all zero."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -306,6 +408,16 @@ def _non_finite_error(name: str, w: np.ndarray, first_row: int) -> QuantizationE
                              fix="the weights are far outside any trained model's range; use another checkpoint")
 
 
+class _LazyRows:
+    """float32 view of raw rows, made only when an error message needs the values."""
+
+    def __init__(self, raw: np.ndarray, dtype: str) -> None:
+        self.raw, self.dtype = raw, dtype
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return from_float_bits(self.raw, self.dtype).reshape(self.raw.shape)
+
+
 def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryview], None],
                     block_bytes: int, on_block: Callable[[int], None] | None = None,
                     max_group_rel_error: float = 1.0) -> QuantStats:
@@ -319,15 +431,24 @@ def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryv
     rows, cols = info.shape
     step = rows_per_block(cols, block_bytes)
     stats = QuantStats(info.name, info.shape)
+    # A packed block is a fresh array: a writer that can take ownership writes and hashes it in the background.
+    write_block = getattr(getattr(write, "__self__", None), "write_owned", write)
     scale_parts: list[np.ndarray] = []
     # One raw read buffer for all blocks (the float32 conversion copies out of it).
     buffer = np.empty(min(step, rows) * cols, dtype=STORAGE_DTYPES[info.dtype])
+    fused_raw = info.dtype == "BF16" and info.numel >= FUSED_MIN_ELEMENTS and kernels() is not None
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
-        w = read_rows_f32(handle, info, begin, end, buffer)
-        block = quantize_block_stats(w, info.dtype, info.numel >= FUSED_MIN_ELEMENTS)
+        if fused_raw:
+            raw = read_rows_raw(handle, info, begin, end, buffer)
+            block = quantize_bf16_raw(raw)
+            assert block is not None
+            w = _LazyRows(raw, info.dtype)
+        else:
+            w = read_rows_f32(handle, info, begin, end, buffer)
+            block = quantize_block_stats(w, info.dtype, info.numel >= FUSED_MIN_ELEMENTS)
         if not np.isfinite(block.row_ref).all():
-            raise _non_finite_error(info.name, w, begin)
+            raise _non_finite_error(info.name, np.asarray(w), begin)
         rel = group_rel_errors(block.rest_err, block.rest_ref)
         worst = int(np.argmax(rel))
         worst_rel = float(rel.flat[worst])
@@ -337,7 +458,7 @@ def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryv
             stats.worst_group_row, stats.worst_group_index = begin + row, group
         if worst_rel > max_group_rel_error:
             row, group = divmod(worst, rel.shape[1])
-            values = w[row, group * GROUP_SIZE:(group + 1) * GROUP_SIZE]
+            values = np.asarray(w)[row, group * GROUP_SIZE:(group + 1) * GROUP_SIZE]
             raise QuantizationError(
                 f"{info.name}: row {begin + row}, columns {group * GROUP_SIZE}..{(group + 1) * GROUP_SIZE - 1}: "
                 f"int8 group-128 loses {worst_rel * 100:.1f}% of the group's weights other than its largest "
@@ -347,7 +468,7 @@ def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryv
                     "tensor in bf16 (use a checkpoint where it is already quantized) and report the model")
         stats.err_sq += block.err_sq
         stats.ref_sq += block.ref_sq
-        write(memoryview(np.ascontiguousarray(block.packed)).cast("B"))
+        write_block(memoryview(np.ascontiguousarray(block.packed)).cast("B"))
         scale_parts.append(block.stored)
         if on_block is not None:
             on_block((end - begin) * cols * (info.nbytes // info.numel))

@@ -50,29 +50,38 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         print("hyperqwen replicas: nothing was written or started.", file=sys.stderr)
         return 2
     if available is None and not args.no_device_check:
-        print("hyperqwen replicas: nvidia-smi is not available here, so GPUS was not checked against the "
-              "machine's cards", file=sys.stderr)
+        print(
+            "hyperqwen replicas: nvidia-smi is not available here, so GPUS was not checked against the machine's cards",
+            file=sys.stderr,
+        )
     text = render_override(groups, tp=int(settings["TP"]), port=int(settings["PORT"]))
     if args.print:
         print(text, end="")
         return 0
     out = Path(args.output)
     out.write_text(text)
-    print(f"hyperqwen replicas: wrote {out} ({len(groups)} replica(s), TP={settings['TP']}). Start with:\n"
-          f"    docker compose -f compose.yaml -f {out.name} --profile replicas up -d\n"
-          f"(or put COMPOSE_FILE=compose.yaml:{out.name} in .env and use --profile replicas)")
+    print(
+        f"hyperqwen replicas: wrote {out} ({len(groups)} replica(s), TP={settings['TP']}). Start with:\n"
+        f"    docker compose -f compose.yaml -f {out.name} --profile replicas up -d\n"
+        f"(or put COMPOSE_FILE=compose.yaml:{out.name} in .env and use --profile replicas)"
+    )
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "replicas", help="check GPUS/TP and write compose.replicas.yaml (one server per card)",
+        "replicas",
+        help="check GPUS/TP and write compose.replicas.yaml (one server per card)",
         description="One HyperQwen server per group of TP cards listed in GPUS, behind vllm-router "
-                    "(docs/multi-gpu.md). Checks the cards (nvidia-smi) and TP against the model's heads, then "
-                    f"writes {OVERRIDE_FILE}.")
+        "(docs/multi-gpu.md). Checks the cards (nvidia-smi) and TP against the model's heads, then "
+        f"writes {OVERRIDE_FILE}.",
+    )
     add_settings_arguments(parser, mode=False)
     parser.add_argument("--output", default=OVERRIDE_FILE, help=f"where to write (default: ./{OVERRIDE_FILE})")
     parser.add_argument("--print", action="store_true", help="print the override instead of writing it")
-    parser.add_argument("--no-device-check", action="store_true",
-                        help="do not ask nvidia-smi (write the file on a machine without the cards)")
+    parser.add_argument(
+        "--no-device-check",
+        action="store_true",
+        help="do not ask nvidia-smi (write the file on a machine without the cards)",
+    )
     parser.set_defaults(func=run)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 OVERRIDE_FILE = "compose.replicas.yaml"
-HEADER = ("# Written by `hyperqwen replicas` (docs/multi-gpu.md); edit GPUS/TP and run it again rather than this "
-          "file.\n")
+HEADER = "# Written by `hyperqwen replicas` (docs/multi-gpu.md); edit GPUS/TP and run it again rather than this file.\n"
 
 
 def replica_name(index: int) -> str:

@@ -25,18 +25,35 @@ def parse_gpu_list(raw: str) -> tuple[tuple[str, ...], list[Problem]]:
     problems: list[Problem] = []
     entries = [part.strip() for part in raw.split(",")]
     if not raw.strip() or any(not entry for entry in entries):
-        return (), [Problem("error", f"GPUS={raw!r} has an empty entry; write device indexes or UUIDs "
-                            "separated by commas, e.g. GPUS=0,1", "GPUS")]
+        return (), [
+            Problem(
+                "error",
+                f"GPUS={raw!r} has an empty entry; write device indexes or UUIDs separated by commas, e.g. GPUS=0,1",
+                "GPUS",
+            )
+        ]
     for entry in entries:
         if not (entry.isdigit() or _UUID_RE.match(entry)):
-            problems.append(Problem("error", f"GPUS={raw!r}: {entry!r} is neither a device index (0, 1, ...) nor a "
-                                    "UUID from `nvidia-smi -L` (GPU-...)", "GPUS"))
+            problems.append(
+                Problem(
+                    "error",
+                    f"GPUS={raw!r}: {entry!r} is neither a device index (0, 1, ...) nor a "
+                    "UUID from `nvidia-smi -L` (GPU-...)",
+                    "GPUS",
+                )
+            )
     seen: set[str] = set()
     for entry in entries:
         key = str(int(entry)) if entry.isdigit() else entry
         if key in seen:
-            problems.append(Problem("error", f"GPUS={raw!r} names device {entry} twice; two servers on one card "
-                                    "would each plan the whole card's memory and the second fails to load", "GPUS"))
+            problems.append(
+                Problem(
+                    "error",
+                    f"GPUS={raw!r} names device {entry} twice; two servers on one card "
+                    "would each plan the whole card's memory and the second fails to load",
+                    "GPUS",
+                )
+            )
         seen.add(key)
     return tuple(str(int(e)) if e.isdigit() else e for e in entries), problems
 
@@ -53,24 +70,40 @@ def check_gpus(gpus: Sequence[str], available: Sequence[Gpu] | None, tp: int) ->
         for entry in gpus:
             gpu = by_index.get(entry) or by_uuid.get(entry)
             if gpu is None:
-                problems.append(Problem("error", f"GPUS names device {entry}, which this machine does not have; "
-                                        f"`nvidia-smi -L` lists: {shown}", "GPUS"))
+                problems.append(
+                    Problem(
+                        "error",
+                        f"GPUS names device {entry}, which this machine does not have; `nvidia-smi -L` lists: {shown}",
+                        "GPUS",
+                    )
+                )
             elif gpu.index in cards and cards[gpu.index] != entry:
-                problems.append(Problem("error", f"GPUS names one card twice: {cards[gpu.index]} and {entry} are "
-                                        f"both device {gpu.index}", "GPUS"))
+                problems.append(
+                    Problem(
+                        "error",
+                        f"GPUS names one card twice: {cards[gpu.index]} and {entry} are both device {gpu.index}",
+                        "GPUS",
+                    )
+                )
             elif gpu is not None:
                 cards[gpu.index] = entry
     if tp < 1:
         problems.append(Problem("error", f"TP={tp}: tensor parallel size must be 1 or more", "TP"))
     elif len(gpus) % tp:
-        problems.append(Problem("error", f"GPUS lists {len(gpus)} device(s), which do not split into groups of "
-                                f"TP={tp}; list a multiple of {tp} devices or change TP", "TP"))
+        problems.append(
+            Problem(
+                "error",
+                f"GPUS lists {len(gpus)} device(s), which do not split into groups of "
+                f"TP={tp}; list a multiple of {tp} devices or change TP",
+                "TP",
+            )
+        )
     return problems
 
 
 def replica_groups(gpus: Sequence[str], tp: int) -> list[tuple[str, ...]]:
     """One replica per consecutive group of TP devices: GPUS=0,1,2,3 TP=2 -> (0, 1), (2, 3)."""
-    return [tuple(gpus[i:i + tp]) for i in range(0, len(gpus) - len(gpus) % tp, tp)]
+    return [tuple(gpus[i : i + tp]) for i in range(0, len(gpus) - len(gpus) % tp, tp)]
 
 
 def read_available_gpus() -> list[Gpu] | None:
@@ -79,8 +112,13 @@ def read_available_gpus() -> list[Gpu] | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     gpus = []

@@ -46,8 +46,20 @@ WORKER_STARTUP_TIMEOUT_S = 1800
 # Routes the gate forwards (prefixes). Everything else, the router's admin API included, is answered 404 here.
 FORWARDED_PREFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models")
 OPEN_PATHS = ("/health",)  # like one server: liveness without the key (answered by the router)
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-                        "transfer-encoding", "upgrade", "host", "content-length"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 
 
 def parse_worker_urls(raw: str, source: str) -> tuple[list[str], list[Problem]]:
@@ -57,26 +69,54 @@ def parse_worker_urls(raw: str, source: str) -> tuple[list[str], list[Problem]]:
     for url in urls:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-            problems.append(Problem("error", f"{source}: {url!r} is not a server base URL; write e.g. "
-                                    "http://10.0.0.2:18020 (no /v1)", "ROUTER_WORKERS"))
+            problems.append(
+                Problem(
+                    "error",
+                    f"{source}: {url!r} is not a server base URL; write e.g. http://10.0.0.2:18020 (no /v1)",
+                    "ROUTER_WORKERS",
+                )
+            )
     if len(set(urls)) != len(urls):
         problems.append(Problem("error", f"{source} names a server twice", "ROUTER_WORKERS"))
     if not urls:
-        problems.append(Problem("error", "the router has no replicas: run `hyperqwen replicas` (writes "
-                                "compose.replicas.yaml) or set ROUTER_WORKERS to the servers' URLs", "ROUTER_WORKERS"))
+        problems.append(
+            Problem(
+                "error",
+                "the router has no replicas: run `hyperqwen replicas` (writes "
+                "compose.replicas.yaml) or set ROUTER_WORKERS to the servers' URLs",
+                "ROUTER_WORKERS",
+            )
+        )
     return urls, problems
 
 
-def router_argv(worker_urls: Sequence[str], *, policy: str, port: int, prometheus_port: int,
-                program: str = "vllm-router") -> list[str]:
+def router_argv(
+    worker_urls: Sequence[str], *, policy: str, port: int, prometheus_port: int, program: str = "vllm-router"
+) -> list[str]:
     """The vllm-router command line: loopback only, the chosen policy, fast health checks."""
-    return [program, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
-            "--policy", policy,
-            "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
-            "--health-failure-threshold", str(HEALTH_FAILURE_THRESHOLD),
-            "--worker-startup-timeout-secs", str(WORKER_STARTUP_TIMEOUT_S),
-            "--worker-startup-check-interval", "5",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
+    return [
+        program,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--health-check-interval-secs",
+        str(HEALTH_CHECK_INTERVAL_S),
+        "--health-failure-threshold",
+        str(HEALTH_FAILURE_THRESHOLD),
+        "--worker-startup-timeout-secs",
+        str(WORKER_STARTUP_TIMEOUT_S),
+        "--worker-startup-check-interval",
+        "5",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(prometheus_port),
+    ]
 
 
 def key_ok(headers: Mapping[str, str], api_key: str) -> bool:
@@ -115,10 +155,17 @@ def build_gate(config: GateConfig):
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         body = await request.read()
         try:
-            async with session.request(request.method, config.upstream + request.path_qs, headers=headers,
-                                       data=body or None, allow_redirects=False) as upstream:
-                response = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
+            async with session.request(
+                request.method,
+                config.upstream + request.path_qs,
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+            ) as upstream:
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+                )
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
@@ -128,8 +175,9 @@ def build_gate(config: GateConfig):
             return error(502, f"router unavailable ({type(exc).__name__})")
 
     async def on_startup(app: web.Application) -> None:
-        app["session"] = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=10))
+        app["session"] = aiohttp.ClientSession(
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+        )
 
     async def on_cleanup(app: web.Application) -> None:
         await app["session"].close()
@@ -150,9 +198,15 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         source = "ROUTER_WORKERS" if settings["ROUTER_WORKERS"] else REPLICA_URLS_ENV
         urls, problems = parse_worker_urls(raw, source)
         if not is_loopback(settings["BIND"]) and not api_key:
-            problems.append(Problem("error", f"BIND={settings['BIND']} exposes the router beyond this machine, but "
-                                    "no API key is set; create models/api_key.txt (openssl rand -hex 24) or keep "
-                                    "BIND=127.0.0.1", "BIND"))
+            problems.append(
+                Problem(
+                    "error",
+                    f"BIND={settings['BIND']} exposes the router beyond this machine, but "
+                    "no API key is set; create models/api_key.txt (openssl rand -hex 24) or keep "
+                    "BIND=127.0.0.1",
+                    "BIND",
+                )
+            )
         if problems:
             raise SettingsError(problems)
     except SettingsError as exc:
@@ -164,8 +218,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         print("hyperqwen router: the vllm-router binary is not installed (pip install vllm-router)", file=sys.stderr)
         return 2
     internal = int(environ.get(ROUTER_PORT_ENV) or DEFAULT_ROUTER_PORT)
-    argv = router_argv(urls, policy=settings["ROUTER_POLICY"], port=internal, prometheus_port=internal + 1,
-                       program=program)
+    argv = router_argv(
+        urls, policy=settings["ROUTER_POLICY"], port=internal, prometheus_port=internal + 1, program=program
+    )
     if args.print:
         print(" ".join(argv))
         return 0
@@ -179,9 +234,12 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
     from aiohttp import web
 
     child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL)
-    print(f"hyperqwen router: vllm-router pid {child.pid} on 127.0.0.1:{argv[argv.index('--port') + 1]}; gate on "
-          f"{config.listen_host}:{config.port} ({'API key required' if config.api_key else 'no API key'})",
-          file=sys.stderr, flush=True)
+    print(
+        f"hyperqwen router: vllm-router pid {child.pid} on 127.0.0.1:{argv[argv.index('--port') + 1]}; gate on "
+        f"{config.listen_host}:{config.port} ({'API key required' if config.api_key else 'no API key'})",
+        file=sys.stderr,
+        flush=True,
+    )
 
     async def main() -> int:
         runner = web.AppRunner(build_gate(config), access_log=None)
@@ -194,7 +252,7 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
         while not stop.is_set() and child.poll() is None:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await runner.cleanup()
         return child.returncode or 0 if child.poll() is not None else 0
@@ -217,10 +275,12 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "router", help="serve vllm-router in front of the replicas, behind a key-checking gate",
+        "router",
+        help="serve vllm-router in front of the replicas, behind a key-checking gate",
         description="Start vLLM's router (vllm-router) on loopback for the replicas (ROUTER_WORKERS, else the "
-                    "list compose.replicas.yaml sets) and publish a gate on BIND:PORT that forwards only the "
-                    "inference routes and checks the API key.")
+        "list compose.replicas.yaml sets) and publish a gate on BIND:PORT that forwards only the "
+        "inference routes and checks the API key.",
+    )
     parser.add_argument("--print", action="store_true", help="print the vllm-router command; start nothing")
     add_settings_arguments(parser, mode=False)
     parser.set_defaults(func=run)

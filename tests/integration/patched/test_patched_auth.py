@@ -7,6 +7,7 @@ The route list is not hand-written: it is read from the app vLLM's own build_app
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -128,3 +129,67 @@ def test_metrics_public_opens_metrics_and_nothing_else(routes, smol_server, monk
     assert {p for _, p in open_now} == OPEN_PATHS | {"/metrics"}, answers
     metrics = client.get("/metrics")
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
+
+
+# --- patches 0010 and 0011: invalid text and client errors -------------------------------------------------------
+
+
+def post_raw(server, path: str, body: bytes) -> requests.Response:
+    return requests.post(server.base_url + path, data=body, timeout=120,
+                         headers={"Content-Type": "application/json", "x-api-key": server.api_key})
+
+
+@pytest.mark.needs_patch("0010-request-text-must-be-unicode.patch")
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        ("/v1/chat/completions", b'{"model": "M", "max_tokens": 2, "messages": [{"role": "user", "content": "ok"}, '
+         b'{"role": "user", "content": [{"type": "text", "text": "ab\\ud800"}]}]}', "messages[1].content[0].text"),
+        ("/v1/chat/completions", b'{"model": "M", "max_tokens": 2, "messages": [{"role": "user", '
+         # CESU-8 surrogate bytes: json.loads decodes them with surrogatepass
+         b'"content": "x\xed\xa0\x80"}]}', "messages[0].content"),
+        ("/v1/completions", b'{"model": "M", "max_tokens": 2, "prompt": "\\udfff"}', "prompt"),
+        ("/v1/messages", b'{"model": "M", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}',
+         "messages[0].content"),
+        ("/v1/messages/count_tokens", b'{"model": "M", "messages": [{"role": "user", "content": "a\\udbff"}]}',
+         "messages[0].content"),
+    ],
+)
+def test_invalid_text_is_a_400_naming_the_field(smol_server, path, body, where):
+    body = body.replace(b'"M"', json.dumps(smol_server.served_model_name).encode())
+    before = len(smol_server.log_text().splitlines())
+    response = post_raw(smol_server, path, body)
+    assert response.status_code == 400, response.text
+    message = json.dumps(response.json())
+    assert f"{where} is not valid Unicode text" in message, message
+    assert "TextEncodeInput" not in message
+    new = smol_server.log_text().splitlines()[before:]
+    assert not [line for line in new if "Traceback" in line], new
+    assert smol_server.is_alive()
+
+
+def test_invalid_utf8_bytes_are_a_client_error(smol_server):
+    """Bytes that are not UTF-8 at all (0xFF) fail in the JSON decoder, before any model: a 4xx, no traceback."""
+    before = len(smol_server.log_text().splitlines())
+    body = b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\xff\xfe"}]}'
+    response = post_raw(smol_server, "/v1/chat/completions", body)
+    assert 400 <= response.status_code < 500, response.text
+    new = smol_server.log_text().splitlines()[before:]
+    assert not [line for line in new if "Traceback" in line], new
+
+
+@pytest.mark.needs_patch("0011-messages-client-errors-without-traceback.patch")
+def test_messages_client_error_logs_one_line(smol_server):
+    """A prompt longer than the context is the client's error: a 400, and one WARNING line, no traceback."""
+    before = len(smol_server.log_text().splitlines())
+    body = {"model": smol_server.served_model_name, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "word " * 5000}]}
+    response = requests.post(smol_server.base_url + "/v1/messages", json=body, timeout=120,
+                             headers={"x-api-key": smol_server.api_key})
+    assert response.status_code == 400, response.text
+    import time
+
+    time.sleep(0.5)
+    new = smol_server.log_text().splitlines()[before:]
+    assert not [line for line in new if "Traceback" in line or "ERROR" in line], new
+    assert [line for line in new if "create_messages: client error 400" in line], new

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from hyperqwen.bench.cli import main
 
@@ -35,3 +37,33 @@ def test_result_written_atomically_and_key_masked(fake_openai_server, tmp_path, 
     assert not list(out.parent.glob("*.tmp"))
     captured = capsys.readouterr()
     assert key not in captured.err + captured.out + out.read_text()
+
+
+BLOCK_AIOHTTP = "import sys; sys.modules['aiohttp'] = None; from hyperqwen.bench.cli import main; "
+
+
+def _without_aiohttp(code: str) -> subprocess.CompletedProcess:
+    # A fresh interpreter where `import aiohttp` fails, as on `pip install hyperqwen` without the bench extra.
+    return subprocess.run([sys.executable, "-c", BLOCK_AIOHTTP + code], capture_output=True, text=True, timeout=60)
+
+
+def test_help_needs_no_bench_extra():
+    result = _without_aiohttp("main(['bench', '--help'])")
+    assert result.returncode == 0 and "suite" in result.stdout and "Traceback" not in result.stderr
+    result = _without_aiohttp("main(['bench', 'suite', '--help'])")
+    assert result.returncode == 0 and "--quick" in result.stdout
+
+
+def test_running_without_the_bench_extra_names_it():
+    result = _without_aiohttp("sys.exit(main(['bench', 'chat', '--url', 'http://127.0.0.1:9']))")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "pip install 'hyperqwen[bench]'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    result = _without_aiohttp("sys.exit(main(['bench', 'suite', '--url', 'http://127.0.0.1:9']))")
+    assert result.returncode == 2 and "pip install 'hyperqwen[bench]'" in result.stderr
+
+
+def test_workload_list_matches_the_functions():
+    from hyperqwen.bench.cli import WORKLOAD_DOCS
+    from hyperqwen.bench.workloads import WORKLOADS
+
+    assert list(WORKLOAD_DOCS) == list(WORKLOADS)

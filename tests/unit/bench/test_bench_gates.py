@@ -78,7 +78,7 @@ def test_needle_gate(fake_server_factory, capsys, mode, passes):
 # ---- GSM8K --------------------------------------------------------------------------------------------------
 def _gsm8k_rules() -> list[list[str]]:
     rows = data.read_jsonl(data.data_dir() / "gsm8k_sample.jsonl")
-    return [[re.escape(row["question"][:80]), f"Working it out. The answer is {row['answer'].split('####')[-1].strip()}."]
+    return [[re.escape(row["question"][:80]), "The answer is " + row["answer"].split("####")[-1].strip() + "."]
             for row in rows]
 
 
@@ -103,7 +103,8 @@ def _longdoc_rules() -> list[list[str]]:
 
     rules = []
     for task in tasks["copy"]:
-        rules.append([re.escape(f'begins with "{task["paragraph_starts"]}" exactly'), paragraph(task["paragraph_starts"])])
+        starts = task["paragraph_starts"]
+        rules.append([re.escape(f'begins with "{starts}" exactly'), paragraph(starts)])
     for task in tasks["edit"]:
         rules.append([re.escape(f'begins with "{task["paragraph_starts"]}", with every'),
                       paragraph(task["paragraph_starts"]).replace(task["replace"], task["with"])])

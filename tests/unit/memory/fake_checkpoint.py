@@ -118,7 +118,8 @@ def as_prepared(tensors: list[tuple[str, str, list[int]]]) -> list[tuple[str, st
         if dtype == "BF16" and is_requantized_by_prepare(name, shape):
             rows, cols = shape
             base = name.removesuffix(".weight")
-            out += [(f"{base}.weight_packed", "I32", [rows, cols // 4]), (f"{base}.weight_scale", "BF16", [rows, cols // 128])]
+            out += [(f"{base}.weight_packed", "I32", [rows, cols // 4]),
+                    (f"{base}.weight_scale", "BF16", [rows, cols // 128])]
         else:
             out.append((name, dtype, shape))
     return out

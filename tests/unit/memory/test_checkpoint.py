@@ -89,7 +89,7 @@ def test_layer_types_derived_from_interval_when_absent():
            "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
            "linear_conv_kernel_dim": 4}
     s = model_shape_from_config(cfg)
-    assert s.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + ("full_attention",)
+    assert s.layer_types == (("linear_attention",) * 3 + ("full_attention",)) * 2
     assert s.head_dim == 16 and s.num_kv_heads == 4
     bad = dict(cfg)
     del bad["linear_conv_kernel_dim"]

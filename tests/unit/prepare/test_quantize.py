@@ -123,7 +123,7 @@ def test_outliers_fail_the_error_bound_and_leave_nothing_behind(source, models_d
     with pytest.raises(QuantizationError) as exc:
         prepare(options)
     message = str(exc.value)
-    assert "lm_head.weight" in message and "row 0," in message and "per group" in message
+    assert "lm_head.weight: row " in message and "per group" in message
     assert not options.output_dir.exists()
     assert not list(models_dir.rglob("*.hyperqwen-tmp"))
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from unit.compose_render import compose_binary  # tests/unit/compose_render.py
 from hyperqwen.replicas.cli import run
 from hyperqwen.replicas.compose import render_override
+from unit.compose_render import compose_binary  # tests/unit/compose_render.py
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -54,6 +54,7 @@ def test_four_gpus_four_replicas_one_prepare_one_router(project):
         assert replica["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
         assert replica["environment"]["HYPERQWEN_GPU_LOCK"] == f"/cache/locks/gpu-{i}"
         assert replica["environment"]["TP"] == "1"
+        assert replica["environment"]["SCALE_OUT"] == "true"  # cache_aware renders requests on the replicas
         assert replica["profiles"] == ["replicas"]
     router = services["router"]
     assert router["ports"] == [{"mode": "ingress", "host_ip": "127.0.0.1", "target": 18020, "published": "18020",

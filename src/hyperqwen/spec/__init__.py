@@ -1,0 +1,1 @@
+"""Speculative decoding: pure checks and facts about drafters (no vLLM import)."""

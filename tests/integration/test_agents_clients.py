@@ -1,0 +1,255 @@
+"""Real coding-agent CLIs against the CPU server: Claude Code (/v1/messages), Codex CLI (/v1/responses) and
+opencode (/v1/chat/completions), each run non-interactively through a recording proxy.
+
+Per client: one plain turn, and one turn where the proxy forces a tool call on the client's first model request
+(the random-weight test model never calls a tool by itself; the grammar makes the forced call valid), the CLI
+runs the tool and sends its result back: tool_use/tool_result on Messages, function_call/function_call_output on
+Responses, tool_calls/tool on chat. The forced tools are harmless (a file glob, Codex's plan update, opencode's
+todo list). Asserted: the CLI's exit code, the endpoints and status codes the server answered, and that the tool
+result came back to the server.
+
+The CLIs come from npm, pinned (CLI_PACKAGES); scripts/test.py installs them into .npm-agents/ with
+`npm install --prefix .npm-agents --no-audit --no-fund <pins>`; HYPERQWEN_AGENT_CLIS names another prefix.
+A test skips only when its CLI is not installed (the npm registry was unreachable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from agents_proxy import RecordingProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.server]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLI_PREFIX = Path(os.environ.get("HYPERQWEN_AGENT_CLIS", REPO_ROOT / ".npm-agents"))
+CLI_PACKAGES = {"claude": "@anthropic-ai/claude-code@2.1.332", "codex": "@openai/codex@0.171.0",
+                "opencode": "opencode-ai@1.18.33"}
+CLI_TIMEOUT_S = 420
+
+
+def cli(name: str) -> Path:
+    path = CLI_PREFIX / "node_modules" / ".bin" / name
+    if not path.exists():
+        pytest.skip(f"{CLI_PACKAGES[name]} is not installed under {CLI_PREFIX} (npm registry unreachable?): "
+                    f"npm install --prefix {CLI_PREFIX} {' '.join(CLI_PACKAGES.values())}")
+    return path
+
+
+def run_cli(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TERM", "TMPDIR", "SSL_CERT_FILE")}
+    result = subprocess.run(argv, env={**base, **env}, cwd=cwd, capture_output=True, text=True,
+                            timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    return result
+
+
+def explain(result: subprocess.CompletedProcess, proxy: RecordingProxy) -> str:
+    return (f"exit {result.returncode}\n--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n"
+            f"{result.stderr[-3000:]}\n--- server saw ---\n{proxy.summary()}")
+
+
+def force_first_call(path_prefix: str, has_result, tool_choice, has_tool):
+    """A rewrite that forces tool_choice on model requests that offer the tool and carry no tool result yet."""
+
+    def rewrite(path: str, body: dict) -> dict | None:
+        if not path.startswith(path_prefix) or not body.get("tools") or has_result(body):
+            return None
+        if not has_tool(body):
+            return None
+        return {**body, "tool_choice": tool_choice}
+
+    return rewrite
+
+
+def model_posts_ok(proxy: RecordingProxy, path: str) -> list:
+    posts = proxy.posts(path)
+    assert posts, f"no POST {path}: {proxy.summary()}"
+    bad = [(e.path, e.status) for e in posts if e.status != 200]
+    assert not bad, f"refused model requests: {bad}; all: {proxy.summary()}"
+    return posts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Claude Code -> /v1/messages
+
+
+def claude_env(proxy: RecordingProxy, server, home: Path) -> dict[str, str]:
+    """The configuration docs/agents.md gives, pointed at the proxy."""
+    return {
+        "HOME": str(home),
+        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+        "ANTHROPIC_BASE_URL": proxy.url,
+        "ANTHROPIC_API_KEY": server.api_key,
+        "ANTHROPIC_MODEL": server.served_model_name,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": server.served_model_name,
+        "ANTHROPIC_SMALL_FAST_MODEL": server.served_model_name,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+    }
+
+
+def _messages_have_tool_result(body: dict) -> bool:
+    return any(isinstance(m.get("content"), list) and any(b.get("type") == "tool_result" for b in m["content"])
+               for m in body.get("messages", []))
+
+
+def _offers(name: str):
+    def has_tool(body: dict) -> bool:
+        return any((t.get("name") or t.get("function", {}).get("name")) == name for t in body.get("tools", []))
+
+    return has_tool
+
+
+def test_claude_code_plain_turn(agents_server, tmp_path):
+    binary = cli("claude")
+    with RecordingProxy(agents_server.base_url) as proxy:
+        result = run_cli([str(binary), "-p", "Say hello.", "--model", agents_server.served_model_name,
+                          "--max-turns", "2"], claude_env(proxy, agents_server, tmp_path), tmp_path)
+    assert result.returncode == 0, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/messages")
+    assert any(e.path.startswith("/v1/messages") and e.body and e.body.get("stream") for e in posts)
+
+
+def test_claude_code_tool_use_round_trip(agents_server, tmp_path):
+    binary = cli("claude")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "hello.txt").write_text("hi\n")
+    rewrite = force_first_call("/v1/messages", _messages_have_tool_result, {"type": "tool", "name": "Glob"},
+                               _offers("Glob"))
+    with RecordingProxy(agents_server.base_url, rewrite) as proxy:
+        result = run_cli([str(binary), "-p", "List the files here.", "--model", agents_server.served_model_name,
+                          "--allowedTools", "Glob", "--max-turns", "3"],
+                         claude_env(proxy, agents_server, tmp_path), tmp_path / "work")
+    assert result.returncode == 0, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/messages")
+    forced = [e for e in posts if e.body and e.body.get("tool_choice", {}).get("name") == "Glob"]
+    assert forced, f"no request was forced: {proxy.summary()}"
+    assert b'"type":"tool_use"' in forced[0].response_bytes.replace(b" ", b"") or b"tool_use" in forced[0].response_bytes
+    results = [e for e in posts if e.body and _messages_have_tool_result(e.body)]
+    assert results, f"the tool_result never came back: {proxy.summary()}\n{explain(result, proxy)}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Codex CLI -> /v1/responses (wire_api = "responses"; 0.171 refuses "chat")
+
+
+def codex_home(tmp_path: Path, proxy: RecordingProxy, server) -> Path:
+    """The config.toml docs/agents.md gives (provider + model metadata), pointed at the proxy."""
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{server.served_model_name}"\n'
+        'model_provider = "hyperqwen"\n'
+        "model_context_window = 65536\n"
+        "model_max_output_tokens = 512\n"
+        'model_reasoning_effort = "none"\n'
+        "[model_providers.hyperqwen]\n"
+        'name = "HyperQwen"\n'
+        f'base_url = "{proxy.url}/v1"\n'
+        'env_key = "HYPERQWEN_API_KEY"\n'
+        'wire_api = "responses"\n'
+    )
+    return home
+
+
+def _responses_have_output(body: dict) -> bool:
+    items = body.get("input")
+    return isinstance(items, list) and any(isinstance(i, dict) and i.get("type") == "function_call_output"
+                                           for i in items)
+
+
+def _codex(binary: Path, tmp_path: Path, proxy: RecordingProxy, server, prompt: str) -> subprocess.CompletedProcess:
+    home = codex_home(tmp_path, proxy, server)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    env = {"HOME": str(tmp_path), "CODEX_HOME": str(home), "HYPERQWEN_API_KEY": server.api_key}
+    return run_cli([str(binary), "exec", "--skip-git-repo-check", "--sandbox", "read-only", prompt], env, work)
+
+
+def test_codex_plain_turn(agents_server, tmp_path):
+    binary = cli("codex")
+    with RecordingProxy(agents_server.base_url) as proxy:
+        result = _codex(binary, tmp_path, proxy, agents_server, "Say hello.")
+    assert result.returncode == 0, explain(result, proxy)
+    model_posts_ok(proxy, "/v1/responses")
+
+
+def test_codex_function_call_round_trip(agents_server, tmp_path):
+    binary = cli("codex")
+    rewrite = force_first_call("/v1/responses", _responses_have_output, {"type": "function", "name": "update_plan"},
+                               _offers("update_plan"))
+    with RecordingProxy(agents_server.base_url, rewrite) as proxy:
+        result = _codex(binary, tmp_path, proxy, agents_server, "Make a plan.")
+    assert result.returncode == 0, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/responses")
+    assert any(e.body and isinstance(e.body.get("tool_choice"), dict) for e in posts), proxy.summary()
+    assert any(e.body and _responses_have_output(e.body) for e in posts), (
+        f"no function_call_output came back: {explain(result, proxy)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# opencode -> /v1/chat/completions (@ai-sdk/openai-compatible provider)
+
+
+def opencode_env(tmp_path: Path, proxy: RecordingProxy, server) -> dict[str, str]:
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "hyperqwen": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "HyperQwen",
+                "options": {"baseURL": f"{proxy.url}/v1", "apiKey": "{env:HYPERQWEN_API_KEY}"},
+                "models": {server.served_model_name: {"name": "Qwen3.8 27B (HyperQwen)",
+                                                      "limit": {"context": 65536, "output": 512},
+                                                      "tool_call": True}},
+            }
+        },
+        "model": f"hyperqwen/{server.served_model_name}",
+        "small_model": f"hyperqwen/{server.served_model_name}",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    config_path = tmp_path / "opencode.json"
+    config_path.write_text(json.dumps(config))
+    return {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / ".config"),
+            "XDG_DATA_HOME": str(tmp_path / ".data"), "XDG_CACHE_HOME": str(tmp_path / ".cache"),
+            "OPENCODE_CONFIG": str(config_path), "HYPERQWEN_API_KEY": server.api_key,
+            "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}
+
+
+def _chat_has_tool_message(body: dict) -> bool:
+    return any(m.get("role") == "tool" for m in body.get("messages", []))
+
+
+def _opencode(binary, tmp_path, proxy, server, prompt):
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return run_cli([str(binary), "run", "--model", f"hyperqwen/{server.served_model_name}", prompt],
+                   opencode_env(tmp_path, proxy, server), work)
+
+
+def test_opencode_plain_turn(agents_server, tmp_path):
+    binary = cli("opencode")
+    with RecordingProxy(agents_server.base_url) as proxy:
+        result = _opencode(binary, tmp_path, proxy, agents_server, "Say hello.")
+    assert result.returncode == 0, explain(result, proxy)
+    model_posts_ok(proxy, "/v1/chat/completions")
+
+
+def test_opencode_tool_calls_round_trip(agents_server, tmp_path):
+    binary = cli("opencode")
+    rewrite = force_first_call("/v1/chat/completions", _chat_has_tool_message,
+                               {"type": "function", "function": {"name": "todoread"}}, _offers("todoread"))
+    with RecordingProxy(agents_server.base_url, rewrite) as proxy:
+        result = _opencode(binary, tmp_path, proxy, agents_server, "Show my todo list.")
+    assert result.returncode == 0, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/chat/completions")
+    assert any(e.body and isinstance(e.body.get("tool_choice"), dict) for e in posts), (
+        f"no request offered todoread: {[sorted(t['function']['name'] for t in e.body.get('tools', []))[:30] for e in posts if e.body]}")
+    assert any(e.body and _chat_has_tool_message(e.body) for e in posts), (
+        f"no tool message came back: {explain(result, proxy)}")
