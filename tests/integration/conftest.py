@@ -62,8 +62,12 @@ TINY_QWEN_PREFIX_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "
 TINY_QWEN_MTP_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "0"}
 # Coding agents (test_agents_*.py): their prompts are 20-80k tokens (Claude Code: 24 tools, ~76 KB), so the tiny
 # model at a long context; small prefill chunks and a 1 s keep-alive so a CPU prefill is long enough to observe.
+# The tiny model's config says 4096 positions; its random weights do not care, so vLLM is told to allow more.
 AGENTS_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "1", "MAX_LEN": "65536",
-                "MAX_BATCHED_TOKENS": "2048", "STREAM_KEEPALIVE": "1"}
+                "MAX_BATCHED_TOKENS": "2048", "STREAM_KEEPALIVE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+# Long context (test_long_context.py): the tiny Qwen3.5 with prefill in 256-token chunks, to compare with the
+# single-chunk prefill of tiny_qwen_prefix_server (MAX_BATCHED_TOKENS 2048 >= its MAX_LEN).
+TINY_QWEN_CHUNKED_KNOBS = {**TINY_QWEN_PREFIX_KNOBS, "MAX_BATCHED_TOKENS": "256"}
 # Prompt lookup (SPEC=ngram) on SmolLM2, which has no MTP head: drafts copied from the context.
 SMOL_LOOKUP_KNOBS = {**SMOL_KNOBS, "SPEC": "ngram", "LOOKUP_TOKENS": "8"}
 # The single-mode default (MTP + prefix caching) on the state-sensitive recall model (support.testmodels).
@@ -236,8 +240,53 @@ def stop_server(server: Server) -> None:
         proc.wait(timeout=10)
 
 
+# A machine-wide limit on test sessions that run vLLM servers at once: each CPU server holds ~4-5 GiB of RAM,
+# and several developers' (or CI's) sessions on one 24 GiB machine would otherwise run it out of memory.
+# A session takes one slot (a flock'd file) with its first server and gives it back with its last, so one
+# session may run several servers but never waits on itself.
+SERVER_SLOTS = int(os.environ.get("HYPERQWEN_SERVER_SLOTS", "3"))
+SLOT_WAIT_S = 3600
+_slot_fd: int | None = None
+
+
+def _acquire_machine_slot() -> None:
+    global _slot_fd
+    if _slot_fd is not None:
+        return
+    import fcntl
+    import tempfile
+
+    deadline = time.monotonic() + SLOT_WAIT_S
+    announced = False
+    while True:
+        for index in range(max(SERVER_SLOTS, 1)):
+            fd = os.open(Path(tempfile.gettempdir()) / f"hyperqwen-server-slot-{index}.lock", os.O_CREAT | os.O_RDWR,
+                         0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            _slot_fd = fd
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"no vLLM server slot freed within {SLOT_WAIT_S} s (HYPERQWEN_SERVER_SLOTS={SERVER_SLOTS})")
+        if not announced:
+            print(f"\n[conftest] {SERVER_SLOTS} other test sessions run vLLM servers; waiting for a slot", flush=True)
+            announced = True
+        time.sleep(5)
+
+
+def _release_machine_slot() -> None:
+    global _slot_fd
+    if _slot_fd is not None and not _RUNNING:
+        os.close(_slot_fd)
+        _slot_fd = None
+
+
 def start_server(name: str, model_dir: Path, knobs: dict[str, str], log_dir: Path,
                  api_key: str | None = None) -> Server:
+    _acquire_machine_slot()
     port = free_port()
     # api_key: replicas behind one router share one key (as they share api_key.txt); default: a fresh one.
     api_key = api_key or "hq-test-" + secrets.token_hex(16)
@@ -287,6 +336,7 @@ def _discard(server: Server) -> None:
     stop_server(server)
     if server in _RUNNING:
         _RUNNING.remove(server)
+    _release_machine_slot()
 
 
 _RUNNING: list[Server] = []
@@ -353,6 +403,15 @@ def tiny_qwen_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
     with running_server(
         "tiny-qwen-prefix", test_models["tiny-qwen"], TINY_QWEN_PREFIX_KNOBS, server_log_dir,
         "tiny_qwen_prefix_server",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_chunked_server(test_models, server_log_dir) -> Iterator[Server]:
+    with running_server(
+        "tiny-qwen-chunked", test_models["tiny-qwen"], TINY_QWEN_CHUNKED_KNOBS, server_log_dir,
+        "tiny_qwen_chunked_server",
     ) as server:
         yield server
 

@@ -52,15 +52,39 @@ def explain(result: subprocess.CompletedProcess, proxy: RecordingProxy) -> str:
             f"{result.stderr[-3000:]}\n--- server saw ---\n{proxy.summary()}")
 
 
-def force_first_call(path_prefix: str, has_result, tool_choice, has_tool):
-    """A rewrite that forces tool_choice on model requests that offer the tool and carry no tool result yet."""
+REPLY = "Hello from HyperQwen."
+# The random-weight model never ends a turn by itself (it runs to max_tokens, which Claude Code reports as an
+# error), so every request that is not the forced call gets its reply pinned by structured output: this exact
+# string, then the end of the turn. Per API: Messages output_config.format, chat response_format, Responses
+# text.format; tool_choice none so the reply is text.
+REPLY_SCHEMA = {"type": "string", "enum": [REPLY]}
+PINNED_REPLY = {
+    "/v1/messages": {"tool_choice": {"type": "none"},
+                     "output_config": {"format": {"type": "json_schema", "schema": REPLY_SCHEMA}}},
+    "/v1/chat/completions": {"tool_choice": "none", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "reply", "schema": REPLY_SCHEMA}}},
+    "/v1/responses": {"tool_choice": "none", "text": {"format": {"type": "json_schema", "name": "reply",
+                                                                 "schema": REPLY_SCHEMA}}},
+}
+
+
+def steer(route: str, has_result=None, tool_choice=None, has_tool=None):
+    """The proxy's rewrite for one client: force tool_choice on the first model request that offers the tool
+    (none carries a tool result yet); pin every other model request's reply to REPLY."""
+    forced: list[bool] = []
 
     def rewrite(path: str, body: dict) -> dict | None:
-        if not path.startswith(path_prefix) or not body.get("tools") or has_result(body):
+        if not path.startswith(route) or "/count_tokens" in path:
             return None
-        if not has_tool(body):
-            return None
-        return {**body, "tool_choice": tool_choice}
+        if tool_choice is not None and not forced and body.get("tools") and has_tool(body) and not has_result(body):
+            forced.append(True)
+            return {**body, "tool_choice": tool_choice}
+        changed = {**body, **PINNED_REPLY[route]}
+        if route == "/v1/chat/completions" and not body.get("tools"):
+            changed.pop("tool_choice")
+        if route == "/v1/messages" and not body.get("tools"):
+            changed.pop("tool_choice")
+        return changed
 
     return rewrite
 
@@ -89,7 +113,7 @@ def claude_env(proxy: RecordingProxy, server, home: Path) -> dict[str, str]:
         "ANTHROPIC_SMALL_FAST_MODEL": server.served_model_name,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "65536",
     }
 
 
@@ -107,7 +131,7 @@ def _offers(name: str):
 
 def test_claude_code_plain_turn(agents_server, tmp_path):
     binary = cli("claude")
-    with RecordingProxy(agents_server.base_url) as proxy:
+    with RecordingProxy(agents_server.base_url, steer("/v1/messages")) as proxy:
         result = run_cli([str(binary), "-p", "Say hello.", "--model", agents_server.served_model_name,
                           "--max-turns", "2"], claude_env(proxy, agents_server, tmp_path), tmp_path)
     assert result.returncode == 0, explain(result, proxy)
@@ -119,15 +143,14 @@ def test_claude_code_tool_use_round_trip(agents_server, tmp_path):
     binary = cli("claude")
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "hello.txt").write_text("hi\n")
-    rewrite = force_first_call("/v1/messages", _messages_have_tool_result, {"type": "tool", "name": "Glob"},
-                               _offers("Glob"))
+    rewrite = steer("/v1/messages", _messages_have_tool_result, {"type": "tool", "name": "Read"}, _offers("Read"))
     with RecordingProxy(agents_server.base_url, rewrite) as proxy:
         result = run_cli([str(binary), "-p", "List the files here.", "--model", agents_server.served_model_name,
-                          "--allowedTools", "Glob", "--max-turns", "3"],
+                          "--allowedTools", "Read", "--max-turns", "3"],
                          claude_env(proxy, agents_server, tmp_path), tmp_path / "work")
     assert result.returncode == 0, explain(result, proxy)
     posts = model_posts_ok(proxy, "/v1/messages")
-    forced = [e for e in posts if e.body and e.body.get("tool_choice", {}).get("name") == "Glob"]
+    forced = [e for e in posts if e.body and e.body.get("tool_choice", {}).get("name") == "Read"]
     assert forced, f"no request was forced: {proxy.summary()}"
     assert b'"type":"tool_use"' in forced[0].response_bytes.replace(b" ", b"") or b"tool_use" in forced[0].response_bytes
     results = [e for e in posts if e.body and _messages_have_tool_result(e.body)]
@@ -173,7 +196,7 @@ def _codex(binary: Path, tmp_path: Path, proxy: RecordingProxy, server, prompt: 
 
 def test_codex_plain_turn(agents_server, tmp_path):
     binary = cli("codex")
-    with RecordingProxy(agents_server.base_url) as proxy:
+    with RecordingProxy(agents_server.base_url, steer("/v1/responses")) as proxy:
         result = _codex(binary, tmp_path, proxy, agents_server, "Say hello.")
     assert result.returncode == 0, explain(result, proxy)
     model_posts_ok(proxy, "/v1/responses")
@@ -181,8 +204,8 @@ def test_codex_plain_turn(agents_server, tmp_path):
 
 def test_codex_function_call_round_trip(agents_server, tmp_path):
     binary = cli("codex")
-    rewrite = force_first_call("/v1/responses", _responses_have_output, {"type": "function", "name": "update_plan"},
-                               _offers("update_plan"))
+    rewrite = steer("/v1/responses", _responses_have_output, {"type": "function", "name": "update_plan"},
+                    _offers("update_plan"))
     with RecordingProxy(agents_server.base_url, rewrite) as proxy:
         result = _codex(binary, tmp_path, proxy, agents_server, "Make a plan.")
     assert result.returncode == 0, explain(result, proxy)
@@ -235,7 +258,7 @@ def _opencode(binary, tmp_path, proxy, server, prompt):
 
 def test_opencode_plain_turn(agents_server, tmp_path):
     binary = cli("opencode")
-    with RecordingProxy(agents_server.base_url) as proxy:
+    with RecordingProxy(agents_server.base_url, steer("/v1/chat/completions")) as proxy:
         result = _opencode(binary, tmp_path, proxy, agents_server, "Say hello.")
     assert result.returncode == 0, explain(result, proxy)
     model_posts_ok(proxy, "/v1/chat/completions")
@@ -243,8 +266,8 @@ def test_opencode_plain_turn(agents_server, tmp_path):
 
 def test_opencode_tool_calls_round_trip(agents_server, tmp_path):
     binary = cli("opencode")
-    rewrite = force_first_call("/v1/chat/completions", _chat_has_tool_message,
-                               {"type": "function", "function": {"name": "todoread"}}, _offers("todoread"))
+    rewrite = steer("/v1/chat/completions", _chat_has_tool_message,
+                    {"type": "function", "function": {"name": "todoread"}}, _offers("todoread"))
     with RecordingProxy(agents_server.base_url, rewrite) as proxy:
         result = _opencode(binary, tmp_path, proxy, agents_server, "Show my todo list.")
     assert result.returncode == 0, explain(result, proxy)

@@ -109,9 +109,13 @@ TOPICS = ["rivers", "bread", "violins", "glaciers", "bees", "lighthouses", "copp
 
 
 def test_openai_requests_reach_both_replicas(front, replicas):
+    # Distinct conversations: each prompt long enough that the chat template's shared opening (SmolLM2's adds a
+    # default system prompt) is under the router's cache_threshold (0.3) of it, so no replica "holds" it and the
+    # cache_aware policy spreads them. Short prompts sharing most of their tokens stay on one replica, by design.
     before = _served(replicas)
-    for topic in TOPICS:
-        reply = _ask(front, f"{topic.upper()}: write one sentence about {topic}.")
+    for n, topic in enumerate(TOPICS):
+        story = " ".join(f"{topic} {n}-{i} {TOPICS[(n + i) % len(TOPICS)]}" for i in range(40))
+        reply = _ask(front, f"{topic.upper()} {story}. Write one sentence about {topic}.")
         assert reply.choices[0].message.content
     after = _served(replicas)
     per_replica = [a - b for a, b in zip(after, before)]
@@ -164,6 +168,36 @@ def test_key_is_enforced_at_the_edge_and_again_by_each_replica(front, replicas):
                           json={"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "hi"}],
                                 "max_tokens": 2})
     assert wrong.status_code == 401
+
+
+def test_monitor_page_shows_every_replica(front, replicas, server_log_dir):
+    """`hyperqwen monitor --upstream A,B` (what the replicas-monitor service runs): one page, every replica."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("API_KEY_FILE", "BIND")}
+    env.update({"VLLM_API_KEY": front.api_key, "BIND": "127.0.0.1", "MONITOR_INTERVAL": "0.5"})
+    log_path = server_log_dir / "replicas-monitor.log"
+    with log_path.open("a") as log:
+        process = subprocess.Popen([str(Path(sys.executable).with_name("hyperqwen")), "monitor", "--port", str(port),
+                                    "--upstream", ",".join(r.base_url for r in replicas)], env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(server_log_dir))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(requests.RequestException, ValueError, KeyError):
+                state = requests.get(f"http://127.0.0.1:{port}/api/state", timeout=5).json()
+                if all(r["up"] for r in state["replicas"]):
+                    break
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        assert [r["url"] for r in state["replicas"]] == [r.base_url for r in replicas]
+        second = requests.get(f"http://127.0.0.1:{port}/api/state", params={"replica": "1"}, timeout=5).json()
+        assert second["replica"] == 1 and second["upstream"]["url"] == replicas[1].base_url
+        assert second["upstream"]["up"] is True
+        page = requests.get(f"http://127.0.0.1:{port}/", timeout=5).text
+        assert 'id="replicas"' in page
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
 
 
 def test_killing_a_replica_mid_load_loses_no_request_after_the_router_notices(front, replicas, record_property):

@@ -10,6 +10,7 @@ ones, so that (when this file runs alone) that server is stopped before the look
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 
@@ -43,7 +44,8 @@ def test_reference_answer_without_speculation(smol_server):
     token_ids, text = answer_token_ids(smol_server)
     _REFERENCE["token_ids"] = token_ids
     # The model does copy: the answer reproduces a long stretch of the passage (else lookup has nothing to do).
-    assert PASSAGE[:400] in text, text[:600]
+    match = difflib.SequenceMatcher(None, PASSAGE, text, autojunk=False).find_longest_match()
+    assert match.size >= 300, (match, text[:600])
 
 
 def test_lookup_copies_several_tokens_per_step_with_identical_output(smol_lookup_server):

@@ -55,8 +55,14 @@ finally:
 """
 
 
-def _run_child(kind: str, target: str, args: list[str], peak_file: Path,
-               env: dict[str, str] | None = None, prefix: list[str] | None = None) -> tuple[float, float, float]:
+def _run_child(
+    kind: str,
+    target: str,
+    args: list[str],
+    peak_file: Path,
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
+) -> tuple[float, float, float]:
     """(wall seconds, peak RSS MiB, CPU seconds) of `python -m target args` (kind "module") or a script."""
     argv = [*(prefix or []), sys.executable, "-c", PEAK_WRAPPER, str(peak_file), kind, target, *args]
     start = time.perf_counter()
@@ -98,7 +104,7 @@ def _write_shard_fast(path: Path, specs: list[Spec], seed: int = 0) -> None:
             while left:
                 n = min(left, pool_elems)
                 start = int(rng.integers(0, pool_elems))
-                out.write(pool[start:start + n].tobytes())
+                out.write(pool[start : start + n].tobytes())
                 left -= n
 
 
@@ -113,11 +119,16 @@ def make_checkpoint(directory: Path, body_gib: float, with_mtp: bool) -> None:
     layer, total = 0, 0
     while total < body_gib * 2**30:
         p = f"model.language_model.layers.{layer}.mlp"
-        for proj, (o, i) in {"gate_proj": (s.intermediate, s.hidden), "up_proj": (s.intermediate, s.hidden),
-                             "down_proj": (s.hidden, s.intermediate)}.items():
-            specs = [Spec(f"{p}.{proj}.weight_packed", "I32", (o, i // 8), "packed4"),
-                     Spec(f"{p}.{proj}.weight_scale", "BF16", (o, i // 128), "scale4"),
-                     Spec(f"{p}.{proj}.weight_shape", "I64", (2,), "shape", (o, i))]
+        for proj, (o, i) in {
+            "gate_proj": (s.intermediate, s.hidden),
+            "up_proj": (s.intermediate, s.hidden),
+            "down_proj": (s.hidden, s.intermediate),
+        }.items():
+            specs = [
+                Spec(f"{p}.{proj}.weight_packed", "I32", (o, i // 8), "packed4"),
+                Spec(f"{p}.{proj}.weight_scale", "BF16", (o, i // 128), "scale4"),
+                Spec(f"{p}.{proj}.weight_shape", "I64", (2,), "shape", (o, i)),
+            ]
             body += specs
             total += sum(OutTensor(x.name, x.dtype, x.shape).nbytes for x in specs)
         if sum(OutTensor(x.name, x.dtype, x.shape).nbytes for x in body) >= 2**30:
@@ -130,12 +141,20 @@ def make_checkpoint(directory: Path, body_gib: float, with_mtp: bool) -> None:
     if with_mtp:
         h, q_out, kv_out = s.hidden, s.heads * s.head_dim * 2, s.kv_heads * s.head_dim
         mtp = [Spec("mtp.fc.weight", "BF16", (h, 2 * h))]
-        dims = {"self_attn.q_proj": (q_out, h), "self_attn.k_proj": (kv_out, h), "self_attn.v_proj": (kv_out, h),
-                "self_attn.o_proj": (h, s.heads * s.head_dim), "mlp.gate_proj": (s.intermediate, h),
-                "mlp.up_proj": (s.intermediate, h), "mlp.down_proj": (h, s.intermediate)}
+        dims = {
+            "self_attn.q_proj": (q_out, h),
+            "self_attn.k_proj": (kv_out, h),
+            "self_attn.v_proj": (kv_out, h),
+            "self_attn.o_proj": (h, s.heads * s.head_dim),
+            "mlp.gate_proj": (s.intermediate, h),
+            "mlp.up_proj": (s.intermediate, h),
+            "mlp.down_proj": (h, s.intermediate),
+        }
         mtp += [Spec(f"mtp.layers.0.{k}.weight", "BF16", v) for k, v in dims.items()]
-        mtp += [Spec(f"mtp.{n}.weight", "BF16", (h,), "ones") for n in ("norm", "pre_fc_norm_hidden",
-                                                                        "pre_fc_norm_embedding")]
+        mtp += [
+            Spec(f"mtp.{n}.weight", "BF16", (h,), "ones")
+            for n in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding")
+        ]
         shards.append(mtp)
     weight_map, size = {}, 0
     for i, specs in enumerate(shards, start=1):
@@ -144,8 +163,9 @@ def make_checkpoint(directory: Path, body_gib: float, with_mtp: bool) -> None:
         for x in specs:
             weight_map[x.name] = name
             size += OutTensor(x.name, x.dtype, x.shape).nbytes
-    (directory / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": size}, "weight_map": weight_map}, indent=2))
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map}, indent=2)
+    )
     config = config_for(s, ignore)
     config["text_config"]["num_hidden_layers"] = max(1, layer)
     config["text_config"]["layer_types"] = ["linear_attention"] * max(1, layer)
@@ -157,8 +177,8 @@ def make_checkpoint(directory: Path, body_gib: float, with_mtp: bool) -> None:
 def check_lm_head(source: Path, prepared: Path, rows: int = 4096) -> float:
     """Decode a slice of the written int8 lm_head from the file and compare with the source rows, so the
     benchmark cannot report the speed of a wrong result."""
-    from hyperqwen.prepare.quantize import dequantize
     from hyperqwen.formats.safetensors import read_header
+    from hyperqwen.prepare.quantize import dequantize
     from hyperqwen.prepare.safetensors_io import from_float_bits, read_rows_f32
 
     index = json.loads((prepared / "model.safetensors.index.json").read_text())["weight_map"]
@@ -191,8 +211,13 @@ def _pin(cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus] if cpus else []
 
 
-def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head", "checkpoint"), pairs: int = 5,
-          cpus: str | None = None) -> dict:
+def bench(
+    workdir: Path,
+    body_gib: float,
+    scenarios: tuple[str, ...] = ("lm_head", "checkpoint"),
+    pairs: int = 5,
+    cpus: str | None = None,
+) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     for scenario, gib, mtp in (("lm_head", 0.0, False), ("checkpoint", body_gib, True)):
@@ -208,38 +233,48 @@ def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head
         subprocess.run(["sync"], check=True)
         nbytes = _dir_bytes(source)
         peak = root / "peak-kib"
-        env = {**os.environ, "MODELS_DIR": str(root / "models"), "MODEL": "m", "MODEL_SOURCE_DIR": str(source),
-               "QUANTIZE_EMBED": "0"}
+        env = {
+            **os.environ,
+            "MODELS_DIR": str(root / "models"),
+            "MODEL": "m",
+            "MODEL_SOURCE_DIR": str(source),
+            "QUANTIZE_EMBED": "0",
+        }
         runs = []
         for i in range(pairs):
             order = ("copy", "prepare") if i % 2 == 0 else ("prepare", "copy")
             seconds: dict[str, float] = {}
             for what in order:
                 if what == "copy":
-                    seconds["copy"] = _timed(["sh", "-c", f'{" ".join(_pin(cpus))} cp -r "$0" "$1" && sync',
-                                              str(source), str(root / "copy")])
+                    seconds["copy"] = _timed(
+                        ["sh", "-c", f'{" ".join(_pin(cpus))} cp -r "$0" "$1" && sync', str(source), str(root / "copy")]
+                    )
                     shutil.rmtree(root / "copy")
                 else:
                     shutil.rmtree(root / "models", ignore_errors=True)
                     start = time.perf_counter()
-                    _, rss, cpu = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env,
-                                             prefix=_pin(cpus))
+                    _, rss, cpu = _run_child(
+                        "module", "hyperqwen.prepare", ["--no-progress"], peak, env, prefix=_pin(cpus)
+                    )
                     subprocess.run(["sync"], check=True)
                     seconds["prepare"] = time.perf_counter() - start
                     seconds["rss"], seconds["cpu"] = rss, cpu
             runs.append(seconds)
-            print(f"{scenario} pair {i + 1}: copy {seconds['copy']:.2f} s, prepare {seconds['prepare']:.2f} s "
-                  f"(ratio {seconds['copy'] / seconds['prepare']:.2f}), peak RSS {seconds['rss']:.0f} MiB",
-                  flush=True)
+            print(
+                f"{scenario} pair {i + 1}: copy {seconds['copy']:.2f} s, prepare {seconds['prepare']:.2f} s "
+                f"(ratio {seconds['copy'] / seconds['prepare']:.2f}), peak RSS {seconds['rss']:.0f} MiB",
+                flush=True,
+            )
         manifest = json.loads((root / "models" / "m" / "hyperqwen-manifest.json").read_text())
         sample_error = check_lm_head(source, root / "models" / "m")
         if not sample_error < 0.01:
             raise SystemExit(f"the written lm_head decodes with relative error {sample_error}: wrong result")
-        noop_s, noop_rss, _ = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env,
-                                         prefix=_pin(cpus))
+        noop_s, noop_rss, _ = _run_child("module", "hyperqwen.prepare", ["--no-progress"], peak, env, prefix=_pin(cpus))
         ratios = sorted(r["copy"] / r["prepare"] for r in runs)
         results[scenario] = {
-            "source_bytes": nbytes, "source_gib": round(nbytes / 2**30, 3), "generate_seconds": round(made, 1),
+            "source_bytes": nbytes,
+            "source_gib": round(nbytes / 2**30, 3),
+            "generate_seconds": round(made, 1),
             "pairs": [{k: round(v, 2) for k, v in r.items()} for r in runs],
             "copy_seconds_median": round(statistics.median(r["copy"] for r in runs), 2),
             "prepare_seconds_median": round(statistics.median(r["prepare"] for r in runs), 2),
@@ -252,14 +287,21 @@ def bench(workdir: Path, body_gib: float, scenarios: tuple[str, ...] = ("lm_head
             "rel_frobenius_error": {k: v["rel_frobenius_error"] for k, v in manifest["quantized"].items()},
             "lm_head_rows_decoded_from_file_rel_error": round(sample_error, 6),
         }
-        print(json.dumps({scenario: {k: v for k, v in results[scenario].items() if k != "pairs"}}, indent=2),
-              flush=True)
+        print(
+            json.dumps({scenario: {k: v for k, v in results[scenario].items() if k != "pairs"}}, indent=2), flush=True
+        )
         shutil.rmtree(root)
-    return {"environment": {"python": platform.python_version(), "machine": platform.machine(),
-                            "cpus_online": os.cpu_count(), "pinned_to": cpus or "(not pinned)",
-                            "loadavg_at_end": os.getloadavg(),
-                            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
-            "results": results}
+    return {
+        "environment": {
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus_online": os.cpu_count(),
+            "pinned_to": cpus or "(not pinned)",
+            "loadavg_at_end": os.getloadavg(),
+            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        },
+        "results": results,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,13 +309,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (needs ~4x the data size)")
     parser.add_argument("--body-gib", type=float, default=2.0, help="GiB of W4A16 body shards in 'checkpoint'")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--scenario", action="append", choices=["lm_head", "checkpoint"],
-                        help="run only this scenario (repeatable; default: both)")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=["lm_head", "checkpoint"],
+        help="run only this scenario (repeatable; default: both)",
+    )
     parser.add_argument("--pairs", type=int, default=5, help="alternated copy/prepare pairs per scenario (median)")
     parser.add_argument("--cpus", help="pin both sides with taskset -c CPUS (e.g. 0 for one core, 0,1 for two)")
     args = parser.parse_args(argv)
-    out = bench(args.workdir, args.body_gib, tuple(args.scenario or ("lm_head", "checkpoint")), args.pairs,
-                args.cpus)
+    out = bench(args.workdir, args.body_gib, tuple(args.scenario or ("lm_head", "checkpoint")), args.pairs, args.cpus)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {
     ".git",
@@ -54,7 +52,8 @@ def run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
 def shell_scripts() -> list[Path]:
     found = []
     for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        # Any virtualenv (.venv, .venv-fast, .venv-webui, ...): third-party scripts, not ours.
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not (Path(root) / d / "pyvenv.cfg").exists()]
         for name in files:
             path = Path(root) / name
             if name.endswith(".sh"):

@@ -224,6 +224,38 @@ def render_results(doc: dict) -> list[str]:
     return [f"(no table for workload {workload!r})"]
 
 
+# The knobs that change speed or output, shown in tables; every knob in effect stays in the JSON.
+SPEED_KNOBS = (
+    "MODE",
+    "SPEC",
+    "DRAFT_TOKENS",
+    "DFLASH_TOKENS",
+    "DRAFT_VOCAB",
+    "KV",
+    "CTX",
+    "MAX_LEN",
+    "MAX_SEQS",
+    "MAX_BATCHED_TOKENS",
+    "GPU_UTIL",
+    "KV_MEM",
+    "PREFIX_CACHE",
+    "DTYPE",
+    "STATE_DTYPE",
+    "QUANTIZE_EMBED",
+    "THINKING",
+    "TEMPERATURE",
+    "EXTRA_ARGS",
+    "TP",
+)
+
+
+def knobs_text(env: dict) -> str:
+    """The speed-relevant knobs that have a value, as `NAME=value`; '–' when the run recorded none."""
+    knobs = env.get("knobs") or {}
+    shown = [f"{k}={knobs[k]}" for k in SPEED_KNOBS if knobs.get(k) not in (None, "", "(unset)")]
+    return ", ".join(shown) or "–"
+
+
 def gpu_text(env: dict) -> str:
     """The server's GPUs (from its environment route); older results: the bench host's nvidia-smi."""
     server = env.get("server") or {}
@@ -248,7 +280,6 @@ def environment_lines(doc: dict) -> list[str]:
         lines.append("**CPU numbers (vLLM CPU build, no GPU): not comparable with GPU results.**")
         lines.append("")
     pool = env.get("pool") or {}
-    knobs = env.get("knobs") or {}
     host = env.get("bench_host") or env.get("host") or {}
     commit = env.get("project_commit") or "unknown"
     version = env.get("project_version") or "unknown"
@@ -262,7 +293,7 @@ def environment_lines(doc: dict) -> list[str]:
         f"- hardware: {hardware}; GPU: {gpu_text(env)}",
         f"- bench host: {host.get('cpus')} CPUs, load average {load} at the end of the run",
         f"- KV pool: {num(pool.get('pool_tokens'), 0)} tokens{pool_source}",
-        f"- knobs: {', '.join(f'{k}={v}' for k, v in sorted(knobs.items())) or '–'}",
+        f"- knobs: {knobs_text(env)} (every knob in the result file)",
         (
             f"- run {doc['run_id']}, seed {doc['seed']}, temperature {doc['params'].get('temperature')}, "
             f"at {env.get('timestamp_utc')}"

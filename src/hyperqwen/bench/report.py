@@ -250,7 +250,6 @@ def _server_lines(environment: dict) -> list[str]:
 def paste_block(report: dict) -> str:
     env = report["environment"]
     server = env.get("server") or {}
-    knobs = env.get("knobs") or {}
     steps = report["steps"]
 
     def value(path: str, digits: int = 1) -> str:
@@ -264,7 +263,7 @@ def paste_block(report: dict) -> str:
         f"platform: {server.get('platform') or 'unknown'}; hardware: {env.get('hardware')}",
         f"vllm: {((server.get('live') or {}).get('vllm_version')) or env.get('vllm_version')}; "
         f"commit: {env.get('project_commit')}",
-        f"knobs: {', '.join(f'{k}={knobs[k]}' for k in ('MODE', 'SPEC', 'KV', 'CTX', 'MAX_LEN') if k in knobs)}",
+        f"knobs: {render.knobs_text(env)}",
         f"C1 decode greedy: ours {value('chat_greedy.cohorts[0].decode_tok_s.median')} tok/s, reference def. "
         f"{value('chat_greedy.cohorts[0].decode_reference_tok_s')} tok/s; tokens/verify step "
         f"{value('chat_greedy.cohorts[0].spec_decode.tokens_per_verify_step', 2)}",
@@ -309,8 +308,7 @@ def build_markdown(report: dict) -> str:
     if report["warnings"]:
         out += ["Warnings:", ""] + [f"- {text}" for text in report["warnings"].values()] + [""]
     out += ["## Server", ""] + _server_lines(env)
-    knobs = env.get("knobs") or {}
-    out += [f"- knobs ({env.get('knobs_source')}): {', '.join(f'{k}={v}' for k, v in sorted(knobs.items())) or '–'}"]
+    out += [f"- knobs ({env.get('knobs_source')}; every knob in report.json): {render.knobs_text(env)}"]
     host = env.get("bench_host") or {}
     out += [
         f"- bench host (recorded separately): {host.get('cpus')} CPUs, {host.get('platform')}, load average "

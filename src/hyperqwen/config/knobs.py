@@ -333,7 +333,8 @@ KNOBS: tuple[Knob, ...] = (
          PREPARE, default="", secret=True),
     Knob("MODEL_SOURCE_DIR", "str", "Use this local checkpoint directory instead of downloading.",
          "hyperqwen prepare", PREPARE, default=""),
-    Knob("HF_HUB_OFFLINE", "bool", "Never touch the network; use only MODEL_SOURCE_DIR or the local HF cache.",
+    Knob("HF_HUB_OFFLINE", "bool", "Never touch the network: prepare uses MODEL_SOURCE_DIR or its earlier complete "
+         "download (checked against the hub metadata recorded then).",
          "env HF_HUB_OFFLINE (huggingface_hub)", PREPARE, default=False),
     Knob("QUANTIZE_EMBED", "bool", "Also requantize embed_tokens to int8 group-128.", "hyperqwen prepare",
          PREPARE, default=True,

@@ -200,9 +200,10 @@ def parse_value(knob: Knob, raw: str) -> Any:
     if knob.kind == "int":
         if not re.fullmatch(r"[+-]?[0-9]+", text):
             raise _BadValue("is not a whole number (write 65536, not 64k or 6.5e4)")
-        if len(text.lstrip("+-0")) > 30:  # int() refuses over 4,300 digits; any knob's range is far below 30
+        digits = text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) > 30:  # int() refuses over 4,300 digits; any knob's range is far below 30
             raise _BadValue("is far too large")
-        value: float = int(text)
+        value: float = -int(digits) if text.startswith("-") else int(digits)
     elif knob.kind == "float":
         try:
             value = float(text)

@@ -18,10 +18,21 @@ from pathlib import Path
 
 # Bytes per element of every dtype code the format defines.
 DTYPE_SIZES: Mapping[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 # Real headers of a 27B checkpoint are 1-3 MB; a larger length means the file is not safetensors (or is
@@ -85,18 +96,25 @@ def read_header(path: Path | str, *, check_data: bool = True) -> SafetensorsHead
             size = os.fstat(handle.fileno()).st_size
             raw_len = handle.read(8)
             if len(raw_len) != 8:
-                raise SafetensorsError(path, f"shorter than the 8-byte safetensors header length ({size} bytes): "
-                                             "truncated, or not a safetensors file")
+                raise SafetensorsError(
+                    path,
+                    f"shorter than the 8-byte safetensors header length ({size} bytes): "
+                    "truncated, or not a safetensors file",
+                )
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > MAX_HEADER_BYTES:
-                raise SafetensorsError(path, f"header length {header_len} B is not plausible (limit "
-                                             f"{MAX_HEADER_BYTES} B); is this a safetensors file?")
+                raise SafetensorsError(
+                    path,
+                    f"header length {header_len} B is not plausible (limit "
+                    f"{MAX_HEADER_BYTES} B); is this a safetensors file?",
+                )
             raw = handle.read(header_len)
     except OSError as exc:
         raise SafetensorsError(path, f"cannot read the safetensors header ({exc.strerror or exc})") from None
     if len(raw) != header_len:
-        raise SafetensorsError(path, f"truncated: the header says {header_len} B but the file ends after "
-                                     f"{len(raw)} B of it")
+        raise SafetensorsError(
+            path, f"truncated: the header says {header_len} B but the file ends after {len(raw)} B of it"
+        )
     try:
         header = json.loads(raw)
     except ValueError as exc:
@@ -111,10 +129,11 @@ def read_header(path: Path | str, *, check_data: bool = True) -> SafetensorsHead
     for name, entry in header.items():
         if not isinstance(entry, dict):
             raise SafetensorsError(path, f"tensor {name!r}: entry is not an object")
-        dtype = entry.get("dtype")
+        dtype = str(entry.get("dtype"))
         if dtype not in DTYPE_SIZES:
-            raise SafetensorsError(path, f"tensor {name!r} has unknown dtype {dtype!r}; known: "
-                                         f"{', '.join(sorted(DTYPE_SIZES))}")
+            raise SafetensorsError(
+                path, f"tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_SIZES))}"
+            )
         try:
             shape = tuple(int(d) for d in entry.get("shape", ()))
             begin, end = (int(x) for x in entry.get("data_offsets", (0, 0)))
@@ -123,8 +142,10 @@ def read_header(path: Path | str, *, check_data: bool = True) -> SafetensorsHead
         info = TensorInfo(name, dtype, shape, data_start + begin)
         if check_data and (end - begin != info.nbytes or begin < 0 or data_start + end > size):
             raise SafetensorsError(
-                path, f"truncated or corrupt: tensor {name} ({dtype}{list(shape)}) has data_offsets {begin}..{end}, "
-                      f"expected {info.nbytes} bytes inside a {size}-byte file")
+                path,
+                f"truncated or corrupt: tensor {name} ({dtype}{list(shape)}) has data_offsets {begin}..{end}, "
+                f"expected {info.nbytes} bytes inside a {size}-byte file",
+            )
         tensors[name] = info
     return SafetensorsHeader(path, tensors, {str(k): str(v) for k, v in metadata.items()}, size, data_start)
 

@@ -26,6 +26,12 @@ class MonitorConfig:
     history_s: int
     api_key: str | None  # sent upstream as Bearer; required from page visitors when require_key
     require_key: bool
+    # More servers shown on the same page (the replicas profile: `--upstream URL1,URL2,...`); upstream is the first.
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        return (self.upstream, *self.replicas)
 
     @property
     def max_intervals(self) -> int:
@@ -58,7 +64,10 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
             raise SettingsError([Problem("error", f"{flag} {value} is out of range; allowed: {knob.allowed_text()}",
                                          name)])
     port, interval, history = (settings[name] if value is None else value for name, (_, value) in flags.items())
-    upstream = check_upstream(args.upstream or f"http://127.0.0.1:{settings['PORT']}")
+    # Several servers (replicas behind a router): comma separated, each checked like one.
+    upstreams = [check_upstream(url.strip()) for url in (args.upstream or f"http://127.0.0.1:{settings['PORT']}")
+                 .split(",") if url.strip()] or [check_upstream("")]
+    upstream = upstreams[0]
     exposed = not is_loopback(bind)
     if exposed and not api_key:
         raise SettingsError([Problem(
@@ -72,4 +81,4 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
                                      "VLLM_API_KEY")])
     return MonitorConfig(upstream=upstream, bind=bind, listen_host=listen_host, port=int(port),
                          interval_s=float(interval), history_s=int(history), api_key=api_key,
-                         require_key=exposed or bool(args.require_key))
+                         require_key=exposed or bool(args.require_key), replicas=tuple(upstreams[1:]))

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import hmac
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -150,8 +152,10 @@ def key_matches(header: str | None, key: str) -> bool:
     return False
 
 
-def make_app(monitor: Monitor, *, start_scraper: bool = True) -> web.Application:
+def make_app(monitor: Monitor, *, start_scraper: bool = True, replicas: Sequence[Monitor] = ()) -> web.Application:
+    """replicas: more servers on the same page (docs/multi-gpu.md); `/api/state?replica=N` is server N's state."""
     config = monitor.config
+    monitors = [monitor, *replicas]
 
     @web.middleware
     async def guard(request: web.Request, handler):
@@ -176,7 +180,14 @@ def make_app(monitor: Monitor, *, start_scraper: bool = True) -> web.Application
         return web.Response(text=static_text(name), content_type=STATIC_FILES[name])
 
     async def api_state(request: web.Request) -> web.Response:
-        return web.json_response(monitor.state())
+        raw = request.query.get("replica", "0")
+        index = int(raw) if raw.isdigit() and int(raw) < len(monitors) else 0
+        state = monitors[index].state()
+        if len(monitors) > 1:  # the page lists every replica with its status; the charts are replica `index`'s
+            state["replica"] = index
+            state["replicas"] = [{"url": m.config.upstream, "up": m.status.up, "error": m.status.error}
+                                 for m in monitors]
+        return web.json_response(state)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -189,24 +200,26 @@ def make_app(monitor: Monitor, *, start_scraper: bool = True) -> web.Application
 
     if start_scraper:
         async def scraper_ctx(app: web.Application):
-            task = asyncio.create_task(monitor.run_scraper())
+            tasks = [asyncio.create_task(m.run_scraper()) for m in monitors]
             yield
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            for task in tasks:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
         app.cleanup_ctx.append(scraper_ctx)
     return app
 
 
 def run(config: MonitorConfig) -> int:
-    monitor = Monitor(config)
+    monitors = [Monitor(dataclasses.replace(config, upstream=url, replicas=())) for url in config.upstreams]
+    monitor = monitors[0]
     shown_host = "localhost" if config.listen_host in ("127.0.0.1", "::1") else config.listen_host
     key_note = "the API key is required (Basic auth password or Bearer)" if config.require_key else "no key needed"
     print(f"hyperqwen monitor: http://{shown_host}:{config.port}/  (upstream {config.upstream}, "
           f"every {config.interval_s:g} s, {config.history_s} s of history; {key_note})", flush=True)
-    web.run_app(make_app(monitor), host=config.listen_host, port=config.port, print=None,
+    web.run_app(make_app(monitor, replicas=monitors[1:]), host=config.listen_host, port=config.port, print=None,
                 access_log=None, handle_signals=True)
     return 0

@@ -91,9 +91,11 @@ def enospc_error(path: Path, exc: OSError) -> DiskSpaceError:
     inodes = stat.f_files and stat.f_favail == 0
     return DiskSpaceError(
         f"disk full while writing {path} ({exc.strerror}); {usage.free / 2**30:.2f} GiB free"
-        + (" but no free inodes" if inodes else "") + " on that filesystem",
+        + (" but no free inodes" if inodes else "")
+        + " on that filesystem",
         fix="free space (or inodes) on the models volume or point MODELS_DIR at a larger disk, then run prepare "
-            "again (it resumes; nothing half-written was kept)")
+        "again (it resumes; nothing half-written was kept)",
+    )
 
 
 class HashingWriter:

@@ -48,8 +48,10 @@ class CheckpointFiles:
 # What to do about a damaged file, by where it lies (a message must not say "run prepare again" about a folder
 # prepare never writes).
 FIX_LOCAL = "fix or replace that file in MODEL_SOURCE_DIR (prepare only reads that folder), or unset MODEL_SOURCE_DIR"
-FIX_DOWNLOAD = ("run prepare again: it checks every downloaded file against the hub's size and sha256 and fetches "
-                "a missing or damaged one again")
+FIX_DOWNLOAD = (
+    "run prepare again: it checks every downloaded file against the hub's size and sha256 and fetches "
+    "a missing or damaged one again"
+)
 FIX_OUTPUT = "run prepare again to rebuild the model"
 
 
@@ -73,7 +75,9 @@ def check_architecture(config: dict[str, Any], path: Path) -> None:
             f"{path}: architecture {archs or '(none)'} / model_type {model_type!r} is not Qwen3.5 "
             f"(expected one of {list(SUPPORTED_ARCHITECTURES)}, model_type {list(SUPPORTED_MODEL_TYPES)})",
             fix="set MODEL_REPO (or MODEL_SOURCE_DIR) to a Qwen3.8-27B checkpoint, e.g. the default "
-                "dbirks/Qwen3.8-27B-W4A16-AutoRound", knob="MODEL_REPO")
+            "dbirks/Qwen3.8-27B-W4A16-AutoRound",
+            knob="MODEL_REPO",
+        )
 
 
 def open_checkpoint(directory: Path, fix: str = FIX_OUTPUT) -> CheckpointFiles:
@@ -91,8 +95,7 @@ def open_checkpoint(directory: Path, fix: str = FIX_OUTPUT) -> CheckpointFiles:
         weight_map = None
         has_index = False
     else:
-        raise PrepareCheckpointError(f"{directory}: neither {INDEX_NAME} nor {SINGLE_NAME} found (no weights)",
-                                     fix=fix)
+        raise PrepareCheckpointError(f"{directory}: neither {INDEX_NAME} nor {SINGLE_NAME} found (no weights)", fix=fix)
     shard_names = sorted(set(weight_map.values())) if weight_map else [SINGLE_NAME]
     headers = {}
     for shard in shard_names:
@@ -108,6 +111,7 @@ def open_checkpoint(directory: Path, fix: str = FIX_OUTPUT) -> CheckpointFiles:
 @dataclasses.dataclass(frozen=True)
 class Targets:
     """Weight tensor names to requantize, by reason."""
+
     lm_head: tuple[str, ...]
     mtp: tuple[str, ...]
     embed: tuple[str, ...]
@@ -128,8 +132,10 @@ def find_targets(ckpt: CheckpointFiles, quantize_embed: bool) -> Targets:
     already = sorted(n[: -len(".weight_packed")] for n in names if n.endswith(".weight_packed"))
     lm_head = (LM_HEAD,) if LM_HEAD in names and _float_2d(ckpt, LM_HEAD) else ()
     if not lm_head and "lm_head" not in already and not ckpt.text_config.get("tie_word_embeddings", False):
-        raise PrepareCheckpointError(f"{ckpt.directory}: no lm_head.weight although tie_word_embeddings is false",
-                              fix="the checkpoint is incomplete or of another layout; use the default MODEL_REPO")
+        raise PrepareCheckpointError(
+            f"{ckpt.directory}: no lm_head.weight although tie_word_embeddings is false",
+            fix="the checkpoint is incomplete or of another layout; use the default MODEL_REPO",
+        )
     mtp = tuple(sorted(n for n in names if MTP_LINEAR.match(n) and _float_2d(ckpt, n)))
     embed = tuple(sorted(n for n in names if quantize_embed and EMBED.match(n) and _float_2d(ckpt, n)))
     return Targets(lm_head, mtp, embed, tuple(already))
@@ -155,15 +161,22 @@ def updated_quantization_config(config: dict[str, Any], targets: Targets) -> dic
     if original is None:
         if not modules:
             return None
-        qc: dict[str, Any] = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-                              "quantization_status": "compressed", "config_groups": {}, "ignore": [],
-                              "kv_cache_scheme": None}
+        qc: dict[str, Any] = {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {},
+            "ignore": [],
+            "kv_cache_scheme": None,
+        }
     else:
         if original.get("quant_method") != "compressed-tensors":
             raise PrepareCheckpointError(
                 f"quantization_config.quant_method is {original.get('quant_method')!r}; prepare writes "
                 "compressed-tensors entries and can only merge them into a compressed-tensors checkpoint",
-                fix="use the default MODEL_REPO (a compressed-tensors W4A16 build)", knob="MODEL_REPO")
+                fix="use the default MODEL_REPO (a compressed-tensors W4A16 build)",
+                knob="MODEL_REPO",
+            )
         qc = copy.deepcopy(original)
     if not modules:
         return qc
@@ -177,11 +190,17 @@ def updated_quantization_config(config: dict[str, Any], targets: Targets) -> dic
             raise PrepareCheckpointError(
                 f"quantization_config.ignore has the pattern {entry!r}, which also covers {hits[0]!r} that prepare "
                 "quantizes; it cannot tell which other modules the pattern is meant for",
-                fix="use a checkpoint whose ignore list names modules one by one (like the default MODEL_REPO)")
+                fix="use a checkpoint whose ignore list names modules one by one (like the default MODEL_REPO)",
+            )
     qc["ignore"] = kept
     groups = qc.setdefault("config_groups", {})
-    group = groups.get(OUR_GROUP) or {"targets": [], "weights": weight_scheme(), "input_activations": None,
-                                      "output_activations": None, "format": "pack-quantized"}
+    group = groups.get(OUR_GROUP) or {
+        "targets": [],
+        "weights": weight_scheme(),
+        "input_activations": None,
+        "output_activations": None,
+        "format": "pack-quantized",
+    }
     group["targets"] = sorted(set(group["targets"]) | {_target_for(m) for m in modules})
     groups[OUR_GROUP] = group
     return qc

@@ -21,24 +21,32 @@ from hyperqwen.prepare.errors import (
     filesystem_error,
 )
 
-EXIT_STATUSES = (f"exit status: {EXIT_OK} ready; 1 a problem with a knob, the source, the hub or the token; "
-                 f"2 usage; {EXIT_FILESYSTEM} the file system refused (read-only, full, no inodes, permission, "
-                 f"name too long); {EXIT_SIGINT} Ctrl-C; {EXIT_SIGTERM} SIGTERM. Nothing is published half-way; "
-                 "a re-run continues where the last one stopped.")
+EXIT_STATUSES = (
+    f"exit status: {EXIT_OK} ready; 1 a problem with a knob, the source, the hub or the token; "
+    f"2 usage; {EXIT_FILESYSTEM} the file system refused (read-only, full, no inodes, permission, "
+    f"name too long); {EXIT_SIGINT} Ctrl-C; {EXIT_SIGTERM} SIGTERM. Nothing is published half-way; "
+    "a re-run continues where the last one stopped."
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from hyperqwen.config.load import add_settings_arguments
 
     parser = subparsers.add_parser(
-        "prepare", help="download, requantize (int8 lm_head/MTP) and verify the model; resumable and crash-safe",
+        "prepare",
+        help="download, requantize (int8 lm_head/MTP) and verify the model; resumable and crash-safe",
         description="Reads MODELS_DIR, MODEL, MODEL_REPO, MODEL_REVISION, HF_TOKEN, MODEL_SOURCE_DIR, HF_HUB_OFFLINE, "
-                    "QUANTIZE_EMBED, DRAFT_VOCAB and DRAFT_VOCAB_IDS (defaults < mode profile < .env < environment "
-                    "< --set). Re-running is a no-op once the model is prepared.",
-        epilog=EXIT_STATUSES, allow_abbrev=False)
+        "QUANTIZE_EMBED, DRAFT_VOCAB and DRAFT_VOCAB_IDS (defaults < mode profile < .env < environment "
+        "< --set). Re-running is a no-op once the model is prepared.",
+        epilog=EXIT_STATUSES,
+        allow_abbrev=False,
+    )
     add_settings_arguments(parser)
-    parser.add_argument("--verify-only", action="store_true",
-                        help="only verify the prepared model directory (tensors, tokenizer, config); write nothing")
+    parser.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="only verify the prepared model directory (tensors, tokenizer, config); write nothing",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     parser.set_defaults(func=run)
 
@@ -75,8 +83,13 @@ def _run(args: argparse.Namespace, log: logging.Logger) -> int:
             from hyperqwen.prepare.verify import verify_checkpoint
 
             report = verify_checkpoint(Path(options.output_dir))
-            log.info("%s verified: %d tensors, %d quantized modules, <think> -> %s", options.output_dir,
-                     report.tensors, report.quantized_modules, list(report.think_ids))
+            log.info(
+                "%s verified: %d tensors, %d quantized modules, <think> -> %s",
+                options.output_dir,
+                report.tensors,
+                report.quantized_modules,
+                list(report.think_ids),
+            )
             return EXIT_OK
         from hyperqwen.prepare.pipeline import prepare
 

@@ -84,28 +84,38 @@ def filesystem_error(exc: OSError) -> FilesystemError:
     where = str(path) if path else "(unknown path)"
     code = exc.errno
     if code == errno.EROFS:
-        return FilesystemError(f"{where}: the file system is read-only",
-                               fix="mount the models volume read-write (drop ':ro' from the compose mount) "
-                                   + _MODELS_FIX)
+        return FilesystemError(
+            f"{where}: the file system is read-only",
+            fix="mount the models volume read-write (drop ':ro' from the compose mount) " + _MODELS_FIX,
+        )
     if code == errno.ENOSPC:
         detail = _free_text(path) if path else ""
         no_inodes = "0 free inodes" in detail
         what = "no free inodes left" if no_inodes else "no space left"
-        return DiskSpaceError(f"{where}: {what} on its file system{detail}",
-                              fix=("delete files there (or remount a tmpfs with more inodes) " if no_inodes
-                                   else "free space there ") + _MODELS_FIX)
+        return DiskSpaceError(
+            f"{where}: {what} on its file system{detail}",
+            fix=("delete files there (or remount a tmpfs with more inodes) " if no_inodes else "free space there ")
+            + _MODELS_FIX,
+        )
     if code == errno.EDQUOT:
-        return DiskSpaceError(f"{where}: disk quota exceeded{_free_text(path) if path else ''}",
-                              fix="raise the quota or free space in it " + _MODELS_FIX)
+        return DiskSpaceError(
+            f"{where}: disk quota exceeded{_free_text(path) if path else ''}",
+            fix="raise the quota or free space in it " + _MODELS_FIX,
+        )
     if code in (errno.EACCES, errno.EPERM):
-        return FilesystemError(f"{where}: permission denied for user {os.getuid()}",
-                               fix=f"make it writable for uid {os.getuid()} (chown/chmod the models folder) "
-                                   + _MODELS_FIX)
+        return FilesystemError(
+            f"{where}: permission denied for user {os.getuid()}",
+            fix=f"make it writable for uid {os.getuid()} (chown/chmod the models folder) " + _MODELS_FIX,
+        )
     if code == errno.ENAMETOOLONG:
-        return FilesystemError(f"{where}: file name too long for this file system",
-                               fix="use a shorter MODELS_DIR or MODEL")
+        return FilesystemError(
+            f"{where}: file name too long for this file system", fix="use a shorter MODELS_DIR or MODEL"
+        )
     if code == errno.ENOMEM:
-        return FilesystemError(f"{where}: out of memory in the kernel ({exc.strerror})",
-                               fix="free memory (or tmpfs space) and run prepare again")
-    return FilesystemError(f"{where}: {exc.strerror or exc}",
-                           fix="check that path and run prepare again (it continues where it stopped)")
+        return FilesystemError(
+            f"{where}: out of memory in the kernel ({exc.strerror})",
+            fix="free memory (or tmpfs space) and run prepare again",
+        )
+    return FilesystemError(
+        f"{where}: {exc.strerror or exc}", fix="check that path and run prepare again (it continues where it stopped)"
+    )

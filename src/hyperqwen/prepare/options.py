@@ -56,18 +56,27 @@ class PrepareOptions:
     def __post_init__(self) -> None:
         if not self.repo_id or self.repo_id.count("/") != 1 or any(not p for p in self.repo_id.split("/")):
             if self.source_dir is None:
-                raise PrepareError(f"MODEL_REPO={self.repo_id!r} is not a Hugging Face repo id",
-                                   fix=f"use the form owner/name, e.g. {DEFAULT_MODEL_REPO}", knob="MODEL_REPO")
+                raise PrepareError(
+                    f"MODEL_REPO={self.repo_id!r} is not a Hugging Face repo id",
+                    fix=f"use the form owner/name, e.g. {DEFAULT_MODEL_REPO}",
+                    knob="MODEL_REPO",
+                )
         if not self.revision:
-            raise PrepareError("MODEL_REVISION is empty", fix="use a branch, tag or commit, e.g. main",
-                               knob="MODEL_REVISION")
+            raise PrepareError(
+                "MODEL_REVISION is empty", fix="use a branch, tag or commit, e.g. main", knob="MODEL_REVISION"
+            )
         if self.draft_vocab < 0:
-            raise PrepareError(f"DRAFT_VOCAB={self.draft_vocab} is negative", fix="use 0 (off) or a count such as "
-                               "40960", knob="DRAFT_VOCAB")
+            raise PrepareError(
+                f"DRAFT_VOCAB={self.draft_vocab} is negative",
+                fix="use 0 (off) or a count such as 40960",
+                knob="DRAFT_VOCAB",
+            )
         if self.draft_vocab_ids is not None and not self.draft_vocab:
-            raise PrepareError(f"DRAFT_VOCAB_IDS={str(self.draft_vocab_ids)!r} is set but DRAFT_VOCAB is 0 (off)",
-                               fix="set DRAFT_VOCAB to the number of ids to keep (e.g. 40960), or unset "
-                                   "DRAFT_VOCAB_IDS", knob="DRAFT_VOCAB")
+            raise PrepareError(
+                f"DRAFT_VOCAB_IDS={str(self.draft_vocab_ids)!r} is set but DRAFT_VOCAB is 0 (off)",
+                fix="set DRAFT_VOCAB to the number of ids to keep (e.g. 40960), or unset DRAFT_VOCAB_IDS",
+                knob="DRAFT_VOCAB",
+            )
         if not 0 < self.max_rel_error < 1:
             raise PrepareError(f"max_rel_error={self.max_rel_error} must be in (0, 1)")
         if not 0 < self.max_group_rel_error <= 1:
@@ -96,7 +105,7 @@ class PrepareOptions:
         }
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "PrepareOptions":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PrepareOptions:
         """Resolve the prepare knobs from an environment mapping (os.environ by default) through the one
         settings loader (defaults < mode profile < ./.env < environment), so types, defaults and error
         messages are the server's."""
@@ -111,7 +120,7 @@ class PrepareOptions:
         return cls.from_settings(settings, **overrides)
 
     @classmethod
-    def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> "PrepareOptions":
+    def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> PrepareOptions:
         """From the `--mode/--env-file/--set` flags `add_settings_arguments` gave the command."""
         from hyperqwen.config.load import settings_from_args
         from hyperqwen.config.settings import SettingsError
@@ -123,7 +132,7 @@ class PrepareOptions:
         return cls.from_settings(settings)
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> "PrepareOptions":
+    def from_settings(cls, settings: Any, **overrides: Any) -> PrepareOptions:
         """From the typed `Settings` (mapping-like, `settings.model_path`)."""
         source = settings["MODEL_SOURCE_DIR"] or ""
         # DRAFT_VOCAB_IDS: a path; relative paths are under MODELS_DIR, like MODEL.

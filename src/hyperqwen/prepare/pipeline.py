@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -51,9 +52,9 @@ from hyperqwen.prepare.draft_vocab import (
     DRAFT_FILE,
     HEAD_MODULE,
     DraftVocab,
+    choose_draft_vocab,
     corpus_digest,
     default_corpus_dir,
-    choose_draft_vocab,
     recipe_parts,
     text_config_with_key,
     write_draft_file,
@@ -174,10 +175,18 @@ def _load_json(path: Path) -> dict[str, Any] | None:
 
 def _request(options: PrepareOptions) -> dict[str, Any]:
     """What the user asked for; a prepared model is reused only for the same request."""
-    source = {"source_dir": str(options.source_dir.resolve())} if options.source_dir else {
-        "repo": options.repo_id, "revision": options.revision}
-    request = {**source, "quantize_embed": options.quantize_embed, "max_rel_error": options.max_rel_error,
-               "max_group_rel_error": options.max_group_rel_error, "scheme": weight_scheme()}
+    source = (
+        {"source_dir": str(options.source_dir.resolve())}
+        if options.source_dir
+        else {"repo": options.repo_id, "revision": options.revision}
+    )
+    request = {
+        **source,
+        "quantize_embed": options.quantize_embed,
+        "max_rel_error": options.max_rel_error,
+        "max_group_rel_error": options.max_group_rel_error,
+        "scheme": weight_scheme(),
+    }
     if options.draft_vocab:  # only when on, so models prepared without it keep their request
         request["draft_vocab"] = options.draft_vocab
         request["draft_vocab_corpus"] = corpus_digest(options.draft_vocab_corpus or default_corpus_dir())
@@ -194,6 +203,7 @@ def _file_digest_or_name(path: Path) -> str:
 
 
 # --- planning ---------------------------------------------------------------------------------------
+
 
 def list_steps(source: Source, options: PrepareOptions) -> StepList:
     """What prepare will write, file by file (link, rewrite, generate, draft), from the source's headers."""
@@ -230,20 +240,35 @@ def list_steps(source: Source, options: PrepareOptions) -> StepList:
                 metadata = dict(header.metadata) or {"format": "pt"}
                 tensors = [out for e in entries for out in e.outputs]
                 size = len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors)
-                recipe = _digest([TOOL, "rewrite", name, _identity(path), quantized, weight_scheme(),
-                                  options.max_rel_error, options.max_group_rel_error])
-                outputs.append(OutputFile(name, "rewrite", recipe, size, source=path, entries=entries,
-                                          metadata=metadata))
+                recipe = _digest(
+                    [
+                        TOOL,
+                        "rewrite",
+                        name,
+                        _identity(path),
+                        quantized,
+                        weight_scheme(),
+                        options.max_rel_error,
+                        options.max_group_rel_error,
+                    ]
+                )
+                outputs.append(
+                    OutputFile(name, "rewrite", recipe, size, source=path, entries=entries, metadata=metadata)
+                )
                 continue
-        outputs.append(OutputFile(name, "link", _digest([TOOL, "link", name, _identity(path)]),
-                                  path.stat().st_size, source=path))
+        outputs.append(
+            OutputFile(name, "link", _digest([TOOL, "link", name, _identity(path)]), path.stat().st_size, source=path)
+        )
     config = dict(ckpt.config)
     draft = choose_draft_vocab(ckpt, targets, options) if options.draft_vocab else None
     if draft is not None:
         if DRAFT_FILE in ckpt.headers:
-            raise PrepareCheckpointError(f"{source.directory / DRAFT_FILE} is in the source checkpoint; prepare writes "
-                                  "that file itself", fix="use the original checkpoint as the source")
+            raise PrepareCheckpointError(
+                f"{source.directory / DRAFT_FILE} is in the source checkpoint; prepare writes that file itself",
+                fix="use the original checkpoint as the source",
+            )
         if draft.quantized:
+            assert quant_config is not None  # the draft head is quantized only when lm_head is
             group = quant_config["config_groups"][OUR_GROUP]
             group["targets"] = sorted(set(group["targets"]) | {HEAD_MODULE})
         config = text_config_with_key(config, draft.size)
@@ -253,9 +278,16 @@ def list_steps(source: Source, options: PrepareOptions) -> StepList:
             expected[out.name] = (out.dtype, out.shape)
             total_size += out.nbytes
         metadata = {"format": "pt"}
-        outputs.append(OutputFile(DRAFT_FILE, "draft", _digest([TOOL, "draft", *recipe_parts(draft, options)]),
-                                  len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors),
-                                  metadata=metadata, draft=draft))
+        outputs.append(
+            OutputFile(
+                DRAFT_FILE,
+                "draft",
+                _digest([TOOL, "draft", *recipe_parts(draft, options)]),
+                len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors),
+                metadata=metadata,
+                draft=draft,
+            )
+        )
     if quant_config is not None:
         config["quantization_config"] = quant_config
     generated_files = {"config.json": (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()}
@@ -264,12 +296,20 @@ def list_steps(source: Source, options: PrepareOptions) -> StepList:
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
         generated_files[INDEX_NAME] = (json.dumps(index, indent=2) + "\n").encode()
     for name, content in generated_files.items():
-        outputs.append(OutputFile(name, "generate", _digest([TOOL, "generate", hashlib.sha256(content).hexdigest()]),
-                                  len(content), content=content))
+        outputs.append(
+            OutputFile(
+                name,
+                "generate",
+                _digest([TOOL, "generate", hashlib.sha256(content).hexdigest()]),
+                len(content),
+                content=content,
+            )
+        )
     return StepList(source, ckpt, targets, outputs, expected, _request(options), draft)
 
 
 # --- producing files ----------------------------------------------------------------------------------
+
 
 class _Progress:
     """tqdm over bytes when wanted; a no-op otherwise."""
@@ -297,14 +337,15 @@ def _copy_range(handle, start: int, nbytes: int, write, progress: _Progress, buf
     while left:
         n = handle.readinto(view[: min(left, len(buf))])
         if not n:
-            raise PrepareCheckpointError(f"{handle.name}: unexpected end of file", fix="delete it and run prepare again")
+            raise PrepareCheckpointError(
+                f"{handle.name}: unexpected end of file", fix="delete it and run prepare again"
+            )
         write(view[:n])
         left -= n
         progress.update(n)
 
 
-def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOptions
-                          ) -> tuple[str, int, dict[str, float]]:
+def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOptions) -> tuple[str, int, dict[str, float]]:
     assert spec.entries is not None and spec.source is not None
     tensors = [out for e in spec.entries for out in e.outputs]
     header = build_header(tensors, spec.metadata)
@@ -323,18 +364,25 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
                     progress.update(nbytes)
                     crash_point(f"quantize-block:{spec.path}")
 
-                stats: QuantStats = quantize_tensor(handle, entry.source, out.write, options.block_bytes, on_block,
-                                                    options.max_group_rel_error)
+                stats: QuantStats = quantize_tensor(
+                    handle, entry.source, out.write, options.block_bytes, on_block, options.max_group_rel_error
+                )
                 rel = stats.rel_error
-                log.info("quantized %s %s: relative Frobenius error %.4f%%, worst 128-group %.2f%% (row %d)",
-                         entry.source.name, list(entry.source.shape), rel * 100, stats.worst_group_error * 100,
-                         stats.worst_group_row)
+                log.info(
+                    "quantized %s %s: relative Frobenius error %.4f%%, worst 128-group %.2f%% (row %d)",
+                    entry.source.name,
+                    list(entry.source.shape),
+                    rel * 100,
+                    stats.worst_group_error * 100,
+                    stats.worst_group_row,
+                )
                 if not rel <= options.max_rel_error:
                     raise QuantizationError(
                         f"{entry.source.name}: int8 group-128 relative Frobenius error {rel * 100:.3f}% exceeds the "
                         f"bound {options.max_rel_error * 100:.2f}%",
                         fix="the weights have outliers int8 group-128 cannot represent; keep this tensor in bf16 "
-                            "(use a checkpoint where it is already quantized) and report the model")
+                        "(use a checkpoint where it is already quantized) and report the model",
+                    )
                 errors[entry.source.name] = round(rel, 9)
             if out.size != spec.size:
                 raise PrepareError(f"internal: wrote {out.size} bytes for {spec.path}, planned {spec.size}")
@@ -345,6 +393,7 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
 
 # --- state, checks -----------------------------------------------------------------------------------
 
+
 @contextmanager
 def _locked(paths: StatePaths) -> Iterator[None]:
     make_dirs(paths.output.parent)
@@ -353,8 +402,10 @@ def _locked(paths: StatePaths) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise PrepareError(f"another prepare is already working on {paths.output}",
-                                   fix="wait for it to finish (or stop it) and run prepare again") from None
+                raise PrepareError(
+                    f"another prepare is already working on {paths.output}",
+                    fix="wait for it to finish (or stop it) and run prepare again",
+                ) from None
             raise
         yield
 
@@ -425,16 +476,19 @@ def _preflight(steps: StepList, paths: StatePaths, done: set[str], reusable: set
             f"prepare needs {files} new files in {paths.staging.parent}, but its file system has only "
             f"{stat.f_favail} free inodes",
             fix="delete files there (or remount with more inodes, e.g. tmpfs nr_inodes=) or point MODELS_DIR at "
-                "another disk, then run prepare again")
+            "another disk, then run prepare again",
+        )
     free = shutil.disk_usage(paths.staging).free
     if needed + DISK_MARGIN_BYTES > free:
         raise DiskSpaceError(
             f"prepare needs {needed / 2**30:.2f} GiB (+{DISK_MARGIN_BYTES >> 20} MiB margin) in "
             f"{paths.staging.parent}, only {free / 2**30:.2f} GiB free",
-            fix="free space on the models volume or point MODELS_DIR at a larger disk, then run prepare again")
+            fix="free space on the models volume or point MODELS_DIR at a larger disk, then run prepare again",
+        )
 
 
 # --- the run -------------------------------------------------------------------------------------------
+
 
 def _noop_if_current(options: PrepareOptions, paths: StatePaths, cache: dict[str, list]) -> Result | None:
     manifest = _load_json(paths.output / MANIFEST_NAME)
@@ -455,8 +509,13 @@ def _noop_if_current(options: PrepareOptions, paths: StatePaths, cache: dict[str
             return None
         if steps.fingerprint != manifest.get("fingerprint"):
             return None
-    return Result(paths.output, False, [], sorted(manifest["files"]),
-                  {k: v["rel_frobenius_error"] for k, v in (manifest.get("quantized") or {}).items()})
+    return Result(
+        paths.output,
+        False,
+        [],
+        sorted(manifest["files"]),
+        {k: v["rel_frobenius_error"] for k, v in (manifest.get("quantized") or {}).items()},
+    )
 
 
 def prepare(options: PrepareOptions) -> Result:
@@ -474,8 +533,11 @@ def prepare(options: PrepareOptions) -> Result:
 def _prepare(options: PrepareOptions) -> Result:
     paths = StatePaths(options.output_dir.absolute())
     if paths.output.exists() and not paths.output.is_dir():
-        raise PrepareError(f"MODEL={str(paths.output)!r} exists and is not a directory",
-                           fix="point MODEL at a directory (relative to MODELS_DIR)", knob="MODEL")
+        raise PrepareError(
+            f"MODEL={str(paths.output)!r} exists and is not a directory",
+            fix="point MODEL at a directory (relative to MODELS_DIR)",
+            knob="MODEL",
+        )
     # Nothing to do needs no lock and no write, so it also works on a read-only models volume. The check only
     # reads, and answers "up to date" only when every published file matches the manifest; a publish by
     # another prepare swaps the whole directory in one rename, so the check sees the old or the new model.
@@ -506,7 +568,8 @@ def _prepare(options: PrepareOptions) -> Result:
                 f"MODEL={str(paths.output)!r} exists but was not made by hyperqwen prepare (no {MANIFEST_NAME}); "
                 "prepare replaces only directories it made",
                 fix="move that directory away, or set MODEL to another name (or serve it as it is and skip prepare)",
-                knob="MODEL")
+                knob="MODEL",
+            )
         source = acquire_source(options)
         steps = list_steps(source, options)
         return _build(steps, options, paths, verified_cache)
@@ -531,12 +594,16 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
             done.add(out.path)
 
     old_manifest = _load_json(paths.output / MANIFEST_NAME) or {}
-    old_files = old_manifest.get("files") if isinstance(old_manifest.get("files"), dict) else {}
-    reusable = {o.path for o in steps.outputs
-                if old_files.get(o.path, {}).get("recipe") == o.recipe and (paths.output / o.path).is_file()}
+    old_files: dict[str, Any] = old_manifest["files"] if isinstance(old_manifest.get("files"), dict) else {}
+    reusable = {
+        o.path
+        for o in steps.outputs
+        if old_files.get(o.path, {}).get("recipe") == o.recipe and (paths.output / o.path).is_file()
+    }
     _preflight(steps, paths, done, reusable, options)
 
-    written, reused = [], []
+    written: list[str] = []
+    reused: list[str] = []
     # A download's shards were hashed against the hub's sha256 already; reuse those while the file's size and
     # mtime are unchanged, else hash now. With a second core, the shards to hash are hashed by a background
     # thread while the requantized files (done first) are written.
@@ -555,18 +622,45 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
                 # A private copy of the cache: the main thread serializes source_hashes into the progress file.
                 hashing[out.path] = executor.submit(_file_sha, out.source, dict(source_hashes), out.path)
     try:
-        return _write_outputs(steps, options, paths, verified_cache, progress, fingerprint, done, reusable, ordered,
-                              hashing, source_hashes, written, reused, old_files, old_manifest)
+        return _write_outputs(
+            steps,
+            options,
+            paths,
+            verified_cache,
+            progress,
+            fingerprint,
+            done,
+            reusable,
+            ordered,
+            hashing,
+            source_hashes,
+            written,
+            reused,
+            old_files,
+            old_manifest,
+        )
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _write_outputs(steps: StepList, options: PrepareOptions, paths: StatePaths, verified_cache: dict[str, list],
-                   progress: dict[str, Any], fingerprint: str, done: set[str], reusable: set[str],
-                   ordered: list[OutputFile], hashing: dict[str, Any], source_hashes: dict[str, list],
-                   written: list[str], reused: list[str], old_files: dict[str, Any], old_manifest: dict[str, Any]
-                   ) -> Result:
+def _write_outputs(
+    steps: StepList,
+    options: PrepareOptions,
+    paths: StatePaths,
+    verified_cache: dict[str, list],
+    progress: dict[str, Any],
+    fingerprint: str,
+    done: set[str],
+    reusable: set[str],
+    ordered: list[OutputFile],
+    hashing: dict[str, Any],
+    source_hashes: dict[str, list],
+    written: list[str],
+    reused: list[str],
+    old_files: dict[str, Any],
+    old_manifest: dict[str, Any],
+) -> Result:
     for out in ordered:
         if out.path in done:
             reused.append(out.path)
@@ -578,8 +672,11 @@ def _write_outputs(steps: StepList, options: PrepareOptions, paths: StatePaths, 
         if old_entry and _file_sha(paths.output / out.path, verified_cache, out.path) == old_entry["sha256"]:
             link_or_copy(paths.output / out.path, target)
             sha, size = old_entry["sha256"], old_entry["size"]
-            errors = {k: v["rel_frobenius_error"] for k, v in (old_manifest.get("quantized") or {}).items()
-                      if k in {e.source.name for e in out.entries or [] if e.action == "quantize"}}
+            errors = {
+                k: v["rel_frobenius_error"]
+                for k, v in (old_manifest.get("quantized") or {}).items()
+                if k in {e.source.name for e in out.entries or [] if e.action == "quantize"}
+            }
             reused.append(out.path)
         elif out.kind == "link":
             assert out.source is not None
@@ -606,7 +703,7 @@ def _write_outputs(steps: StepList, options: PrepareOptions, paths: StatePaths, 
             log.info("writing the draft vocabulary (%d ids) to %s", out.draft.size, out.path)
             with atomic_write(target) as handle:
                 handle.write(build_header(out.draft.tensors(), out.metadata))
-                write_draft_file(out.draft, handle, on_block=lambda label=f"draft-block:{out.path}": crash_point(label))
+                write_draft_file(out.draft, handle, on_block=functools.partial(crash_point, f"draft-block:{out.path}"))
                 if handle.size != out.size:
                     raise PrepareError(f"internal: wrote {handle.size} bytes for {out.path}, planned {out.size}")
             sha, size = handle.sha256.hexdigest(), handle.size
@@ -625,8 +722,12 @@ def _write_outputs(steps: StepList, options: PrepareOptions, paths: StatePaths, 
     quantized = {}
     for name in steps.targets.all:
         info = steps.checkpoint.tensor(name)
-        quantized[name] = {"rel_frobenius_error": progress["quantized"][name], "shape": list(info.shape),
-                           "source_dtype": info.dtype, "scheme": "int8 symmetric group-128 pack-quantized"}
+        quantized[name] = {
+            "rel_frobenius_error": progress["quantized"][name],
+            "shape": list(info.shape),
+            "source_dtype": info.dtype,
+            "scheme": "int8 symmetric group-128 pack-quantized",
+        }
     manifest = {
         "format": FORMAT_VERSION,
         "tool": TOOL,
@@ -638,11 +739,14 @@ def _write_outputs(steps: StepList, options: PrepareOptions, paths: StatePaths, 
         **({"draft_vocab": steps.draft.manifest_entry()} if steps.draft is not None else {}),
         "files": {o.path: progress["files"][o.path] for o in sorted(steps.outputs, key=lambda o: o.path)},
     }
+    files: dict[str, Any] = manifest["files"]  # type: ignore[assignment]
     write_json_atomic(paths.staging / MANIFEST_NAME, manifest)
     crash_point("before-publish")
     _publish(paths)
-    write_json_atomic(paths.verified, {name: [*_identity(paths.output / name), entry["sha256"]]
-                                       for name, entry in manifest["files"].items()})
+    write_json_atomic(
+        paths.verified,
+        {name: [*_identity(paths.output / name), entry["sha256"]] for name, entry in files.items()},
+    )
     log.info("prepared %s: %d files written, %d reused", paths.output, len(written), len(reused))
     return Result(paths.output, True, written, reused, dict(progress["quantized"]))
 

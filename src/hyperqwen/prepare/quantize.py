@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import BinaryIO
 
 import numpy as np
 
@@ -38,9 +39,18 @@ PACK_FACTOR = 32 // NUM_BITS
 
 def weight_scheme() -> dict:
     """The compressed-tensors QuantizationArgs for the weights we write."""
-    return {"num_bits": NUM_BITS, "type": "int", "symmetric": True, "strategy": "group",
-            "group_size": GROUP_SIZE, "dynamic": False, "actorder": None, "observer": "minmax",
-            "observer_kwargs": {}, "block_structure": None}
+    return {
+        "num_bits": NUM_BITS,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "group",
+        "group_size": GROUP_SIZE,
+        "dynamic": False,
+        "actorder": None,
+        "observer": "minmax",
+        "observer_kwargs": {},
+        "block_structure": None,
+    }
 
 
 def module_of(weight_name: str) -> str:
@@ -65,10 +75,12 @@ def check_quantizable(info: TensorInfo) -> None:
     if info.dtype not in FLOAT_DTYPES or len(info.shape) != 2:
         raise PrepareCheckpointError(
             f"{info.name}: expected a 2-D float weight to quantize, found {info.dtype}{list(info.shape)}",
-            fix="this checkpoint does not have the expected layout; use the default MODEL_REPO")
+            fix="this checkpoint does not have the expected layout; use the default MODEL_REPO",
+        )
     if info.shape[1] % GROUP_SIZE:
         raise PrepareCheckpointError(
-            f"{info.name}: input dimension {info.shape[1]} is not a multiple of the group size {GROUP_SIZE}")
+            f"{info.name}: input dimension {info.shape[1]} is not a multiple of the group size {GROUP_SIZE}"
+        )
 
 
 def rows_per_block(cols: int, block_bytes: int) -> int:
@@ -151,12 +163,13 @@ def _numba_kernels():
         return out
 
     @numba.njit(cache=True, nogil=True)
-    def quantize_rows(wg, inv_scale, scale, amax, out_u8, err_rows, ref_rows, rest_err, rest_ref
-                      ):  # pragma: no cover - compiled
+    def quantize_rows(
+        wg, inv_scale, scale, amax, out_u8, err_rows, ref_rows, rest_err, rest_ref
+    ):  # pragma: no cover - compiled
         rows, groups, size = wg.shape
         for i in range(rows):
-            e = 0.0
-            r = 0.0
+            e = np.float64(0.0)
+            r = np.float64(0.0)
             for g in range(groups):
                 s = scale[i, g]
                 inv = inv_scale[i, g]
@@ -204,8 +217,8 @@ def _numba_kernels():
         sbits = np.empty(1, np.uint32)
         sf = sbits.view(np.float32)
         for i in range(rows):
-            e = 0.0
-            r = 0.0
+            e = np.float64(0.0)
+            r = np.float64(0.0)
             for g in range(groups):
                 base = g * 128
                 # |x| of a bfloat16 is its bits without the sign; their integer order is the float order (NaN
@@ -300,8 +313,7 @@ class BlockResult:
     row_ref: np.ndarray  # float64 [rows]: squared norm of each row (non-finite when the row holds NaN/Inf)
 
 
-def quantize_block(w: np.ndarray, dtype: str, use_fused: bool = False
-                   ) -> tuple[np.ndarray, np.ndarray, float, float]:
+def quantize_block(w: np.ndarray, dtype: str, use_fused: bool = False) -> tuple[np.ndarray, np.ndarray, float, float]:
     """float32 rows -> (packed int32 rows, stored scales, error^2, reference^2)."""
     block = quantize_block_stats(w, dtype, use_fused)
     return block.packed, block.stored, block.err_sq, block.ref_sq
@@ -327,15 +339,25 @@ def quantize_block_stats(w: np.ndarray, dtype: str, use_fused: bool = False) -> 
             amax = group_amax(part)
             stored_part, scale = scales_from_amax(amax, dtype)
             stored[begin:end] = stored_part
-            quantize_rows(part, np.float32(1) / scale, scale, amax, out[begin:end], err_rows[begin:end],
-                          ref_rows[begin:end], rest_err[begin:end], rest_ref[begin:end])
+            quantize_rows(
+                part,
+                np.float32(1) / scale,
+                scale,
+                amax,
+                out[begin:end],
+                err_rows[begin:end],
+                ref_rows[begin:end],
+                rest_err[begin:end],
+                rest_ref[begin:end],
+            )
 
         workers = _pool()
         step = -(-rows // WORKERS)
         with np.errstate(all="ignore"):  # NaN/Inf rows are reported by the caller, by name
             list(workers.map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
-        return BlockResult(out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err,
-                           rest_ref, ref_rows)
+        return BlockResult(
+            out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err, rest_ref, ref_rows
+        )
     with np.errstate(all="ignore"):
         absw = np.abs(wg)
         amax = absw.max(axis=2)
@@ -377,13 +399,21 @@ def quantize_bf16_raw(raw: np.ndarray) -> BlockResult | None:
     rest_ref = np.empty((rows, groups), np.float32)
 
     def run(begin: int, end: int) -> None:  # the kernel releases the GIL: row slices run in parallel
-        kernel(raw[begin:end], stored[begin:end], out[begin:end], err_rows[begin:end], ref_rows[begin:end],
-               rest_err[begin:end], rest_ref[begin:end])
+        kernel(
+            raw[begin:end],
+            stored[begin:end],
+            out[begin:end],
+            err_rows[begin:end],
+            ref_rows[begin:end],
+            rest_err[begin:end],
+            rest_ref[begin:end],
+        )
 
     step = -(-rows // WORKERS)
     list(_pool().map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
-    return BlockResult(out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err, rest_ref,
-                       ref_rows)
+    return BlockResult(
+        out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err, rest_ref, ref_rows
+    )
 
 
 def group_rel_errors(rest_err: np.ndarray, rest_ref: np.ndarray) -> np.ndarray:
@@ -403,9 +433,16 @@ def _non_finite_error(name: str, w: np.ndarray, first_row: int) -> QuantizationE
             f"{name}: non-finite value {value} at row {first_row + row}, column {col} "
             f"({len(bad_rows)} row(s) of this block affected)",
             fix="the source checkpoint is corrupt or was saved with overflowing values; fetch it again or use another "
-                "checkpoint (prepare never writes NaN/Inf into a quantized tensor)")
-    return QuantizationError(f"{name}: the squared norm of a row starting at {first_row} overflows float32",
-                             fix="the weights are far outside any trained model's range; use another checkpoint")
+            "checkpoint (prepare never writes NaN/Inf into a quantized tensor)",
+        )
+    return QuantizationError(
+        f"{name}: the squared norm of a row starting at {first_row} overflows float32",
+        fix="the weights are far outside any trained model's range; use another checkpoint",
+    )
+
+
+def _bytes(array: np.ndarray) -> memoryview:
+    return memoryview(array).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
 class _LazyRows:
@@ -418,9 +455,14 @@ class _LazyRows:
         return from_float_bits(self.raw, self.dtype).reshape(self.raw.shape)
 
 
-def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryview], None],
-                    block_bytes: int, on_block: Callable[[int], None] | None = None,
-                    max_group_rel_error: float = 1.0) -> QuantStats:
+def quantize_tensor(
+    handle: BinaryIO,
+    info: TensorInfo,
+    write: Callable[[memoryview], None],
+    block_bytes: int,
+    on_block: Callable[[int], None] | None = None,
+    max_group_rel_error: float = 1.0,
+) -> QuantStats:
     """Stream `<module>.weight_packed`, then `weight_scale`, then `weight_shape` through `write`.
 
     Only the scales ([out, in/128], 1/64 of the weight in bf16) stay in memory for the whole tensor.
@@ -439,14 +481,17 @@ def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryv
     fused_raw = info.dtype == "BF16" and info.numel >= FUSED_MIN_ELEMENTS and kernels() is not None
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
+        w: np.ndarray | _LazyRows
         if fused_raw:
             raw = read_rows_raw(handle, info, begin, end, buffer)
-            block = quantize_bf16_raw(raw)
-            assert block is not None
+            fused_block = quantize_bf16_raw(raw)
+            assert fused_block is not None
+            block = fused_block
             w = _LazyRows(raw, info.dtype)
         else:
-            w = read_rows_f32(handle, info, begin, end, buffer)
-            block = quantize_block_stats(w, info.dtype, info.numel >= FUSED_MIN_ELEMENTS)
+            rows_f32 = read_rows_f32(handle, info, begin, end, buffer)
+            block = quantize_block_stats(rows_f32, info.dtype, info.numel >= FUSED_MIN_ELEMENTS)
+            w = rows_f32
         if not np.isfinite(block.row_ref).all():
             raise _non_finite_error(info.name, np.asarray(w), begin)
         rel = group_rel_errors(block.rest_err, block.rest_ref)
@@ -458,23 +503,26 @@ def quantize_tensor(handle: BinaryIO, info: TensorInfo, write: Callable[[memoryv
             stats.worst_group_row, stats.worst_group_index = begin + row, group
         if worst_rel > max_group_rel_error:
             row, group = divmod(worst, rel.shape[1])
-            values = np.asarray(w)[row, group * GROUP_SIZE:(group + 1) * GROUP_SIZE]
+            values = np.asarray(w)[row, group * GROUP_SIZE : (group + 1) * GROUP_SIZE]
+            largest = float(np.abs(values).max())
+            others_rms = float(np.sqrt(np.mean(np.sort(np.abs(values))[:-1] ** 2)))
             raise QuantizationError(
                 f"{info.name}: row {begin + row}, columns {group * GROUP_SIZE}..{(group + 1) * GROUP_SIZE - 1}: "
                 f"int8 group-128 loses {worst_rel * 100:.1f}% of the group's weights other than its largest "
-                f"(bound {max_group_rel_error * 100:.0f}% per group); the largest is {float(np.abs(values).max()):.4g}, "
-                f"the others' RMS {float(np.sqrt(np.mean(np.sort(np.abs(values))[:-1] ** 2))):.4g}",
+                f"(bound {max_group_rel_error * 100:.0f}% per group); the largest is {largest:.4g}, "
+                f"the others' RMS {others_rms:.4g}",
                 fix="an outlier weight makes the other 127 of its group round to few levels or zero; keep this "
-                    "tensor in bf16 (use a checkpoint where it is already quantized) and report the model")
+                "tensor in bf16 (use a checkpoint where it is already quantized) and report the model",
+            )
         stats.err_sq += block.err_sq
         stats.ref_sq += block.ref_sq
-        write_block(memoryview(np.ascontiguousarray(block.packed)).cast("B"))
+        write_block(_bytes(np.ascontiguousarray(block.packed)))
         scale_parts.append(block.stored)
         if on_block is not None:
             on_block((end - begin) * cols * (info.nbytes // info.numel))
     scales = np.concatenate(scale_parts, axis=0)
-    write(memoryview(np.ascontiguousarray(scales)).cast("B"))
-    write(memoryview(np.array([rows, cols], dtype="<i8")).cast("B"))
+    write(_bytes(np.ascontiguousarray(scales)))
+    write(_bytes(np.array([rows, cols], dtype="<i8")))
     return stats
 
 

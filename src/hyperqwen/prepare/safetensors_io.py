@@ -28,9 +28,16 @@ from hyperqwen.formats.safetensors import (
 )
 from hyperqwen.prepare.errors import PrepareCheckpointError
 
-__all__ = ["DTYPE_SIZES", "FLOAT_DTYPES", "OutTensor", "SafetensorsHeader", "TensorInfo", "build_header",
-           "read_shard_header", "read_rows_f32"]
-
+__all__ = [
+    "DTYPE_SIZES",
+    "FLOAT_DTYPES",
+    "OutTensor",
+    "SafetensorsHeader",
+    "TensorInfo",
+    "build_header",
+    "read_shard_header",
+    "read_rows_f32",
+]
 
 
 def read_shard_header(path: Path, fix: str) -> SafetensorsHeader:
@@ -71,8 +78,9 @@ def from_float_bits(stored: np.ndarray, dtype: str) -> np.ndarray:
 STORAGE_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4"}
 
 
-def read_rows_raw(handle: BinaryIO, info: TensorInfo, row_begin: int, row_end: int,
-                  buffer: np.ndarray | None = None) -> np.ndarray:
+def read_rows_raw(
+    handle: BinaryIO, info: TensorInfo, row_begin: int, row_end: int, buffer: np.ndarray | None = None
+) -> np.ndarray:
     """Rows [row_begin, row_end) of a 2-D float tensor as stored (BF16 as uint16 bits), reading only those bytes."""
     cols = info.shape[1]
     storage = np.dtype(STORAGE_DTYPES[info.dtype])
@@ -81,16 +89,19 @@ def read_rows_raw(handle: BinaryIO, info: TensorInfo, row_begin: int, row_end: i
         buffer = np.empty(count, dtype=storage)
     target = buffer[:count]
     handle.seek(info.begin + row_begin * cols * storage.itemsize)
-    got = handle.readinto(memoryview(target).cast("B"))
+    got = handle.readinto(memoryview(target).cast("B"))  # type: ignore[attr-defined,arg-type]
     if got != count * storage.itemsize:
-        raise PrepareCheckpointError(f"{info.name}: short read ({got} of {count * storage.itemsize} bytes)",
-                                     fix="the source shard is truncated; run prepare again (a download is checked "
-                                         "and fetched again) or replace the file in MODEL_SOURCE_DIR")
+        raise PrepareCheckpointError(
+            f"{info.name}: short read ({got} of {count * storage.itemsize} bytes)",
+            fix="the source shard is truncated; run prepare again (a download is checked "
+            "and fetched again) or replace the file in MODEL_SOURCE_DIR",
+        )
     return target.reshape(row_end - row_begin, cols)
 
 
-def read_rows_f32(handle: BinaryIO, info: TensorInfo, row_begin: int, row_end: int,
-                  buffer: np.ndarray | None = None) -> np.ndarray:
+def read_rows_f32(
+    handle: BinaryIO, info: TensorInfo, row_begin: int, row_end: int, buffer: np.ndarray | None = None
+) -> np.ndarray:
     """Rows [row_begin, row_end) of a 2-D float tensor as float32, reading only those bytes."""
     raw = read_rows_raw(handle, info, row_begin, row_end, buffer)
     return from_float_bits(raw.reshape(-1), info.dtype).reshape(raw.shape)

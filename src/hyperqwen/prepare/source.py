@@ -100,16 +100,23 @@ def local_source(options: PrepareOptions) -> Source:
     directory = options.source_dir
     assert directory is not None
     if not directory.is_dir():
-        raise SourceError(f"MODEL_SOURCE_DIR={str(directory)!r} is not a directory",
-                          fix="point MODEL_SOURCE_DIR at a downloaded checkpoint (with config.json and *.safetensors), "
-                              "or unset it to download MODEL_REPO", knob="MODEL_SOURCE_DIR")
+        raise SourceError(
+            f"MODEL_SOURCE_DIR={str(directory)!r} is not a directory",
+            fix="point MODEL_SOURCE_DIR at a downloaded checkpoint (with config.json and *.safetensors), "
+            "or unset it to download MODEL_REPO",
+            knob="MODEL_SOURCE_DIR",
+        )
     if not (directory / "config.json").is_file():
-        raise SourceError(f"MODEL_SOURCE_DIR={str(directory)!r} has no config.json",
-                          fix="point MODEL_SOURCE_DIR at the checkpoint's top directory", knob="MODEL_SOURCE_DIR")
+        raise SourceError(
+            f"MODEL_SOURCE_DIR={str(directory)!r} has no config.json",
+            fix="point MODEL_SOURCE_DIR at the checkpoint's top directory",
+            knob="MODEL_SOURCE_DIR",
+        )
     return Source(directory.resolve(), {"kind": "local", "path": str(directory.resolve())})
 
 
 # --- hub -------------------------------------------------------------------------------------------
+
 
 def _hub_error(exc: BaseException, options: PrepareOptions) -> SourceError:
     """Turn huggingface_hub's exceptions into messages that say which knob to change."""
@@ -122,45 +129,62 @@ def _hub_error(exc: BaseException, options: PrepareOptions) -> SourceError:
         return SourceError(
             f"MODEL_REPO={repo!r} is gated and HF_TOKEN ({mask_secret(options.token)}) has no access to it",
             fix=f"accept the model's terms on {endpoint}/{repo} with your account, then set HF_TOKEN to a read token "
-                "of that account", knob="HF_TOKEN")
+            "of that account",
+            knob="HF_TOKEN",
+        )
     if isinstance(exc, hf_errors.RevisionNotFoundError):
-        return SourceError(f"MODEL_REVISION={options.revision!r} does not exist in {repo}",
-                           fix="use an existing branch, tag or commit of the repo (default: main)",
-                           knob="MODEL_REVISION")
+        return SourceError(
+            f"MODEL_REVISION={options.revision!r} does not exist in {repo}",
+            fix="use an existing branch, tag or commit of the repo (default: main)",
+            knob="MODEL_REVISION",
+        )
     if isinstance(exc, hf_errors.RepositoryNotFoundError):
         return SourceError(
             f"MODEL_REPO={repo!r} was not found on {endpoint} (or is private; HF_TOKEN is {token_state})",
             fix="check the spelling (default: dbirks/Qwen3.8-27B-W4A16-AutoRound); for a private repo set HF_TOKEN",
-            knob="MODEL_REPO")
+            knob="MODEL_REPO",
+        )
     if isinstance(exc, hf_errors.HfHubHTTPError):
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status == 401:
-            return SourceError(f"the hub rejected HF_TOKEN ({mask_secret(options.token)}) as invalid (HTTP 401)",
-                               fix="create a new read token at https://huggingface.co/settings/tokens and set HF_TOKEN, "
-                                   "or unset HF_TOKEN for public repos; with HF_HUB_OFFLINE=1 prepare uses an "
-                                   "earlier verified download without asking the hub", knob="HF_TOKEN")
+            return SourceError(
+                f"the hub rejected HF_TOKEN ({mask_secret(options.token)}) as invalid (HTTP 401)",
+                fix="create a new read token at https://huggingface.co/settings/tokens and set HF_TOKEN, "
+                "or unset HF_TOKEN for public repos; with HF_HUB_OFFLINE=1 prepare uses an "
+                "earlier verified download without asking the hub",
+                knob="HF_TOKEN",
+            )
         if status == 403:
-            return SourceError(f"HF_TOKEN ({mask_secret(options.token)}) may not read {repo} (HTTP 403)",
-                               fix="use a token with read access to the repo (or accept its terms on "
-                                   f"{endpoint}/{repo}); with HF_HUB_OFFLINE=1 prepare uses an earlier verified "
-                                   "download without asking the hub", knob="HF_TOKEN")
+            return SourceError(
+                f"HF_TOKEN ({mask_secret(options.token)}) may not read {repo} (HTTP 403)",
+                fix="use a token with read access to the repo (or accept its terms on "
+                f"{endpoint}/{repo}); with HF_HUB_OFFLINE=1 prepare uses an earlier verified "
+                "download without asking the hub",
+                knob="HF_TOKEN",
+            )
         first = str(exc).splitlines()[0] if str(exc) else ""
         if status is not None and (status >= 500 or status in (408, 429)):
-            return HubUnreachableError(f"the hub answered HTTP {status} for {repo}: {first}",
-                                       fix="retry later; prepare resumes where it stopped")
-        return SourceError(f"the hub answered HTTP {status} for {repo}: {first}",
-                           fix="retry later; prepare resumes where it stopped")
+            return HubUnreachableError(
+                f"the hub answered HTTP {status} for {repo}: {first}",
+                fix="retry later; prepare resumes where it stopped",
+            )
+        return SourceError(
+            f"the hub answered HTTP {status} for {repo}: {first}", fix="retry later; prepare resumes where it stopped"
+        )
     if isinstance(exc, hf_errors.OfflineModeIsEnabled):
-        return SourceError("HF_HUB_OFFLINE is on and no verified download of "
-                           f"{repo}@{options.revision} exists in {options.source_download_dir}",
-                           fix="unset HF_HUB_OFFLINE for one run, or set MODEL_SOURCE_DIR to a local checkpoint",
-                           knob="HF_HUB_OFFLINE")
+        return SourceError(
+            "HF_HUB_OFFLINE is on and no verified download of "
+            f"{repo}@{options.revision} exists in {options.source_download_dir}",
+            fix="unset HF_HUB_OFFLINE for one run, or set MODEL_SOURCE_DIR to a local checkpoint",
+            knob="HF_HUB_OFFLINE",
+        )
     # Connection refused, DNS failure, timeouts: httpx errors, or OSError underneath.
     return HubUnreachableError(
         f"cannot reach the Hugging Face hub at {endpoint} to download {repo} ({type(exc).__name__}: "
         f"{str(exc).splitlines()[0] if str(exc) else 'no details'})",
         fix="check the network (and HF_ENDPOINT / proxy variables); or set MODEL_SOURCE_DIR to a local copy; "
-            "prepare resumes a partial download when run again")
+        "prepare resumes a partial download when run again",
+    )
 
 
 def _remote_files(options: PrepareOptions) -> tuple[str, list[RemoteFile]]:
@@ -168,8 +192,9 @@ def _remote_files(options: PrepareOptions) -> tuple[str, list[RemoteFile]]:
 
     api = HfApi(endpoint=options.hf_endpoint, token=options.token or False)
     try:
-        info = api.model_info(options.repo_id, revision=options.revision, files_metadata=True,
-                              token=options.token or False)
+        info = api.model_info(
+            options.repo_id, revision=options.revision, files_metadata=True, token=options.token or False
+        )
     except Exception as exc:  # noqa: BLE001 - every hub/network failure is mapped to a clear message
         raise _hub_error(exc, options) from None
     files = []
@@ -294,16 +319,20 @@ def download_file(remote: RemoteFile, directory: Path, commit: str, options: Pre
             before = have
             cut: BaseException | None = None
             try:
-                with http_stream_backoff("GET", url, headers=request,
-                                         timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                with http_stream_backoff(
+                    "GET", url, headers=request, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+                ) as response:
                     hf_raise_for_status(response)
                     if have and response.status_code != 206:
                         # The server ignored the Range request: start over rather than append a second copy.
                         handle.truncate(0)
                         have = 0
                         sha256 = hashlib.sha256()
-                        blob = hashlib.sha1(f"blob {remote.size}\0".encode(), usedforsecurity=False) \
-                            if remote.blob_id else None
+                        blob = (
+                            hashlib.sha1(f"blob {remote.size}\0".encode(), usedforsecurity=False)
+                            if remote.blob_id
+                            else None
+                        )
                     # A cut inside the body is caught here: thrown into huggingface_hub's retrying generator it
                     # would be retried from byte 0 (or fail), not continued from `have`.
                     try:
@@ -326,8 +355,9 @@ def download_file(remote: RemoteFile, directory: Path, commit: str, options: Pre
                 if stalled >= MAX_STALLED_TRIES:
                     handle.flush()
                     raise _hub_error(cut, options) from None
-                log.warning("%s: connection lost at %.1f MiB (%s); continuing", remote.path, have / 2**20,
-                            type(cut).__name__)
+                log.warning(
+                    "%s: connection lost at %.1f MiB (%s); continuing", remote.path, have / 2**20, type(cut).__name__
+                )
                 time.sleep(min(8.0, 0.25 * 2**stalled))
                 continue
             if remote.size is None:
@@ -335,8 +365,10 @@ def download_file(remote: RemoteFile, directory: Path, commit: str, options: Pre
             if have == before:
                 stalled += 1
                 if stalled >= MAX_STALLED_TRIES:
-                    raise SourceError(f"{remote.path}: the hub sent no data after {have} of {remote.size} bytes",
-                                      fix="retry later; prepare resumes where it stopped")
+                    raise SourceError(
+                        f"{remote.path}: the hub sent no data after {have} of {remote.size} bytes",
+                        fix="retry later; prepare resumes where it stopped",
+                    )
         handle.flush()
         crash_point(f"download-before-fsync:{remote.path}")
         os.fsync(handle.fileno())
@@ -350,10 +382,10 @@ def download_file(remote: RemoteFile, directory: Path, commit: str, options: Pre
         problem = f"git blob id {blob.hexdigest()[:12]}..., the hub says {remote.blob_id[:12]}..."
     if problem:
         part.unlink(missing_ok=True)  # never continue a file whose bytes are wrong
-        raise SourceError(f"the download of {remote.path} does not match the hub's metadata ({problem}); the bad "
-                          "copy was deleted",
-                          fix="run prepare again: it fetches the file again; if this repeats, a proxy or the hub "
-                              "serves corrupt data")
+        raise SourceError(
+            f"the download of {remote.path} does not match the hub's metadata ({problem}); the bad copy was deleted",
+            fix="run prepare again: it fetches the file again; if this repeats, a proxy or the hub serves corrupt data",
+        )
     os.replace(part, dest)
     fsync_dir(dest.parent)
     return digest
@@ -382,9 +414,12 @@ def _verify_earlier(directory: Path, marker: dict[str, Any], options: PrepareOpt
         if problem:
             problems.append(f"{path}: {problem}")
     if problems:
-        raise SourceError(f"{why}, and the earlier download in {directory} is damaged:\n    " + "\n    ".join(problems),
-                          fix="run prepare with the hub reachable (and HF_HUB_OFFLINE unset) to fetch those files "
-                              "again, or set MODEL_SOURCE_DIR to a local checkpoint", knob="HF_HUB_OFFLINE")
+        raise SourceError(
+            f"{why}, and the earlier download in {directory} is damaged:\n    " + "\n    ".join(problems),
+            fix="run prepare with the hub reachable (and HF_HUB_OFFLINE unset) to fetch those files "
+            "again, or set MODEL_SOURCE_DIR to a local checkpoint",
+            knob="HF_HUB_OFFLINE",
+        )
 
 
 def hub_source(options: PrepareOptions) -> Source:
@@ -393,14 +428,18 @@ def hub_source(options: PrepareOptions) -> Source:
     origin: dict[str, Any] = {"kind": "hub", "repo": options.repo_id, "revision": options.revision}
 
     def complete_for(revision_or_commit: str) -> bool:
-        return bool(marker) and marker.get("repo") == options.repo_id and revision_or_commit in (
-            marker.get("revision"), marker.get("commit"))
+        return (
+            marker is not None
+            and marker.get("repo") == options.repo_id
+            and revision_or_commit in (marker.get("revision"), marker.get("commit"))
+        )
 
     if options.offline:
         if marker is not None and complete_for(options.revision):
             _verify_earlier(directory, marker, options, "HF_HUB_OFFLINE is on")
             return Source(directory, origin | {"commit": marker["commit"]})
         from huggingface_hub.errors import OfflineModeIsEnabled
+
         raise _hub_error(OfflineModeIsEnabled("offline"), options)
 
     try:
@@ -409,17 +448,24 @@ def hub_source(options: PrepareOptions) -> Source:
         # Only when the hub could not be asked: an answer about the token or the repo is never "unreachable".
         if marker is not None and complete_for(options.revision):
             _verify_earlier(directory, marker, options, "the hub is unreachable")
-            log.warning("hub unreachable (%s); using the earlier verified download of %s@%s (commit %s)",
-                        str(exc).splitlines()[0], options.repo_id, options.revision, marker["commit"])
+            log.warning(
+                "hub unreachable (%s); using the earlier verified download of %s@%s (commit %s)",
+                str(exc).splitlines()[0],
+                options.repo_id,
+                options.revision,
+                marker["commit"],
+            )
             return Source(directory, origin | {"commit": marker["commit"]})
         raise
     origin["commit"] = commit
     if not any(f.path == "config.json" for f in files):
-        raise SourceError(f"MODEL_REPO={options.repo_id!r}@{options.revision} has no config.json at its top level, "
-                          "so it is not a transformers model checkpoint",
-                          fix="set MODEL_REPO to a Qwen3.8-27B checkpoint repo (default: "
-                              "dbirks/Qwen3.8-27B-W4A16-AutoRound), or MODEL_SOURCE_DIR to a local one",
-                          knob="MODEL_REPO")
+        raise SourceError(
+            f"MODEL_REPO={options.repo_id!r}@{options.revision} has no config.json at its top level, "
+            "so it is not a transformers model checkpoint",
+            fix="set MODEL_REPO to a Qwen3.8-27B checkpoint repo (default: "
+            "dbirks/Qwen3.8-27B-W4A16-AutoRound), or MODEL_SOURCE_DIR to a local one",
+            knob="MODEL_REPO",
+        )
 
     make_dirs(directory)
     cache = _load_json(directory / HASH_CACHE) or {}
@@ -449,9 +495,17 @@ def hub_source(options: PrepareOptions) -> Source:
             raise DiskSpaceError(
                 f"the download needs {missing / 2**30:.2f} GiB more in {directory} plus ~{reserve / 2**30:.2f} GiB "
                 f"for the requantized copy; only {free / 2**30:.2f} GiB free",
-                fix="free space on the models volume or point MODELS_DIR at a larger disk")
-        log.info("downloading %d file(s), %.2f GiB, of %s@%s (commit %s) into %s", len(needed), missing / 2**30,
-                 options.repo_id, options.revision, commit, directory)
+                fix="free space on the models volume or point MODELS_DIR at a larger disk",
+            )
+        log.info(
+            "downloading %d file(s), %.2f GiB, of %s@%s (commit %s) into %s",
+            len(needed),
+            missing / 2**30,
+            options.repo_id,
+            options.revision,
+            commit,
+            directory,
+        )
         bar = _Bar(sum(r.size or 0 for r in needed), options.show_progress)
         try:
             for remote in needed:
@@ -471,8 +525,12 @@ def hub_source(options: PrepareOptions) -> Source:
             bar.close()
     crash_point("download-before-marker")
     # Every file is fsynced under its final name (download_file) before this marker says "complete".
-    new_marker = {"repo": options.repo_id, "revision": options.revision, "commit": commit,
-                  "files": {f.path: f.as_json() for f in files}}
+    new_marker = {
+        "repo": options.repo_id,
+        "revision": options.revision,
+        "commit": commit,
+        "files": {f.path: f.as_json() for f in files},
+    }
     if new_marker != marker:
         write_json_atomic(directory / COMPLETE_MARKER, new_marker)
     _remove_partials(directory)
@@ -492,5 +550,16 @@ def acquire_source(options: PrepareOptions) -> Source:
     return hub_source(options)
 
 
-__all__ = ["COMPLETE_MARKER", "FIX_OUTPUT", "HubUnreachableError", "RemoteFile", "Source", "acquire_source",
-           "download_file", "hub_source", "list_files", "local_source", "part_path"]
+__all__ = [
+    "COMPLETE_MARKER",
+    "FIX_OUTPUT",
+    "HubUnreachableError",
+    "RemoteFile",
+    "Source",
+    "acquire_source",
+    "download_file",
+    "hub_source",
+    "list_files",
+    "local_source",
+    "part_path",
+]

@@ -33,26 +33,34 @@ def check_tokenizer(directory: Path, model_vocab: int | None = None) -> tuple[in
     """
     path = directory / "tokenizer.json"
     if not path.is_file():
-        raise PrepareCheckpointError(f"{path} is missing: without it the tokenizer degrades to a tiny vocabulary",
-                              fix="the checkpoint is incomplete; run prepare again (or copy tokenizer.json into "
-                                  "MODEL_SOURCE_DIR)")
+        raise PrepareCheckpointError(
+            f"{path} is missing: without it the tokenizer degrades to a tiny vocabulary",
+            fix="the checkpoint is incomplete; run prepare again (or copy tokenizer.json into MODEL_SOURCE_DIR)",
+        )
     from tokenizers import Tokenizer
 
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - any parse failure means an unusable tokenizer
-        raise PrepareCheckpointError(f"{path} does not load as a tokenizer ({exc})",
-                              fix="delete it and run prepare again") from None
+        raise PrepareCheckpointError(
+            f"{path} does not load as a tokenizer ({exc})", fix="delete it and run prepare again"
+        ) from None
     ids = tuple(tokenizer.encode(THINK_TOKEN, add_special_tokens=False).ids)
     if not ids:
-        raise PrepareCheckpointError(f"{path}: encoding {THINK_TOKEN!r} gave no token ids",
-                              fix="the tokenizer is broken; use the checkpoint's original tokenizer.json")
+        raise PrepareCheckpointError(
+            f"{path}: encoding {THINK_TOKEN!r} gave no token ids",
+            fix="the tokenizer is broken; use the checkpoint's original tokenizer.json",
+        )
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if vocab <= 1:
-        raise PrepareCheckpointError(f"{path}: only {vocab} token(s) in the vocabulary", fix="use the checkpoint's tokenizer.json")
+        raise PrepareCheckpointError(
+            f"{path}: only {vocab} token(s) in the vocabulary", fix="use the checkpoint's tokenizer.json"
+        )
     if model_vocab is not None and max(ids) >= model_vocab:
-        raise PrepareCheckpointError(f"{path}: {THINK_TOKEN!r} encodes to id {max(ids)}, outside the model's vocab_size "
-                              f"{model_vocab}", fix="the tokenizer belongs to another model; use the checkpoint's own")
+        raise PrepareCheckpointError(
+            f"{path}: {THINK_TOKEN!r} encodes to id {max(ids)}, outside the model's vocab_size {model_vocab}",
+            fix="the tokenizer belongs to another model; use the checkpoint's own",
+        )
     return ids
 
 
@@ -81,22 +89,29 @@ def check_quantized_modules(ckpt: CheckpointFiles) -> int:
     qc = ckpt.config.get("quantization_config") or {}
     modules = sorted(n[: -len(".weight_packed")] for n in ckpt.weight_map if n.endswith(".weight_packed"))
     if modules and not qc:
-        raise PrepareCheckpointError(f"{ckpt.directory}/config.json has no quantization_config but "
-                              f"{len(modules)} modules are packed (e.g. {modules[0]})")
+        raise PrepareCheckpointError(
+            f"{ckpt.directory}/config.json has no quantization_config but "
+            f"{len(modules)} modules are packed (e.g. {modules[0]})"
+        )
     # Every module our group names must be quantized in the tensors, and vice versa for the whole config.
     ours = ((qc.get("config_groups") or {}).get(OUR_GROUP) or {}).get("targets") or []
     for target in ours:
         module = "lm_head" if target == LM_HEAD_TARGET else target
         if f"{module}.weight_packed" not in ckpt.weight_map:
-            raise PrepareCheckpointError(f"quantization_config group {OUR_GROUP} targets {target!r} but the checkpoint has "
-                                  f"no {module}.weight_packed", fix="run prepare again to rebuild the model")
+            raise PrepareCheckpointError(
+                f"quantization_config group {OUR_GROUP} targets {target!r} but the checkpoint has "
+                f"no {module}.weight_packed",
+                fix="run prepare again to rebuild the model",
+            )
         if f"{module}.weight" in ckpt.weight_map:
             raise PrepareCheckpointError(f"{module} has both a plain weight and weight_packed")
     for module in modules:
         args = _group_args(qc, module)
         if args is None:
-            raise PrepareCheckpointError(f"{module} is packed but quantization_config does not target it (or ignores it)",
-                                  fix="run prepare again to rebuild config.json")
+            raise PrepareCheckpointError(
+                f"{module} is packed but quantization_config does not target it (or ignores it)",
+                fix="run prepare again to rebuild config.json",
+            )
         bits, group_size = int(args["num_bits"]), args.get("group_size") or 0
         packed = ckpt.tensor(f"{module}.weight_packed")
         scale = ckpt.tensor(f"{module}.weight_scale")
@@ -111,7 +126,8 @@ def check_quantized_modules(ckpt: CheckpointFiles) -> int:
         if scale.shape != (rows, expected_groups):
             raise PrepareCheckpointError(
                 f"{module}.weight_scale has shape {list(scale.shape)}, expected [{rows}, {expected_groups}] "
-                f"for {bits}-bit group {group_size} with weight_packed {list(packed.shape)}")
+                f"for {bits}-bit group {group_size} with weight_packed {list(packed.shape)}"
+            )
     return len(modules)
 
 
@@ -133,8 +149,10 @@ def check_shapes_against_config(ckpt: CheckpointFiles) -> None:
             raise PrepareCheckpointError(f"{name} has {cols} columns but config hidden_size is {hidden}")
     mtp_layers = int(text.get("mtp_num_hidden_layers") or 0)
     if mtp_layers and not any(n.startswith("mtp.") for n in ckpt.weight_map):
-        raise PrepareCheckpointError(f"config.json says mtp_num_hidden_layers={mtp_layers} but there are no mtp.* tensors",
-                              fix="the MTP head is missing; use the full checkpoint")
+        raise PrepareCheckpointError(
+            f"config.json says mtp_num_hidden_layers={mtp_layers} but there are no mtp.* tensors",
+            fix="the MTP head is missing; use the full checkpoint",
+        )
 
 
 def check_index_against_shards(ckpt: CheckpointFiles) -> int:
@@ -145,8 +163,10 @@ def check_index_against_shards(ckpt: CheckpointFiles) -> int:
         present = set(header.tensors)
         if named - present:
             missing = sorted(named - present)
-            raise PrepareCheckpointError(f"{INDEX_NAME} names {len(missing)} tensors missing from {shard}, e.g. {missing[0]}",
-                                  fix="run prepare again to rebuild the model")
+            raise PrepareCheckpointError(
+                f"{INDEX_NAME} names {len(missing)} tensors missing from {shard}, e.g. {missing[0]}",
+                fix="run prepare again to rebuild the model",
+            )
         if present - named:
             extra = sorted(present - named)
             raise PrepareCheckpointError(f"{shard} holds {len(extra)} tensors the index does not name, e.g. {extra[0]}")
@@ -163,22 +183,28 @@ def check_with_safetensors(ckpt: CheckpointFiles) -> None:
             with safe_open(str(ckpt.directory / shard), framework="numpy") as handle:
                 keys = set(handle.keys())
                 if keys != set(header.tensors):
-                    raise PrepareCheckpointError(f"{shard}: safetensors sees {len(keys)} tensors, the header parser "
-                                          f"{len(header.tensors)}")
+                    raise PrepareCheckpointError(
+                        f"{shard}: safetensors sees {len(keys)} tensors, the header parser {len(header.tensors)}"
+                    )
                 for name, info in header.tensors.items():
                     piece = handle.get_slice(name)
                     if piece.get_dtype() != info.dtype or tuple(piece.get_shape()) != info.shape:
-                        raise PrepareCheckpointError(f"{shard}: {name} is {piece.get_dtype()}{piece.get_shape()}, expected "
-                                              f"{info.dtype}{list(info.shape)}")
+                        raise PrepareCheckpointError(
+                            f"{shard}: {name} is {piece.get_dtype()}{piece.get_shape()}, expected "
+                            f"{info.dtype}{list(info.shape)}"
+                        )
         except PrepareCheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - the library's own parse errors
-            raise PrepareCheckpointError(f"{ckpt.directory / shard}: safetensors cannot open it ({exc})",
-                                  fix="run prepare again to rebuild the model") from None
+            raise PrepareCheckpointError(
+                f"{ckpt.directory / shard}: safetensors cannot open it ({exc})",
+                fix="run prepare again to rebuild the model",
+            ) from None
 
 
-def verify_checkpoint(directory: Path, expected_dtypes: dict[str, tuple[str, tuple[int, ...]]] | None = None
-                      ) -> VerifyReport:
+def verify_checkpoint(
+    directory: Path, expected_dtypes: dict[str, tuple[str, tuple[int, ...]]] | None = None
+) -> VerifyReport:
     """Everything a server start needs from the files; raises PrepareCheckpointError naming the first problem.
 
     expected_dtypes: tensor name -> (dtype, shape) that must match exactly (prepare passes its plan).

@@ -168,12 +168,17 @@ def test_invalid_text_is_a_400_naming_the_field(smol_server, path, body, where):
     assert smol_server.is_alive()
 
 
-def test_invalid_utf8_bytes_are_a_client_error(smol_server):
-    """Bytes that are not UTF-8 at all (0xFF) fail in the JSON decoder, before any model: a 4xx, no traceback."""
+@pytest.mark.needs_patch("0010-request-text-must-be-unicode.patch")
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_invalid_utf8_bytes_are_a_400_naming_the_byte(smol_server, path):
+    """Bytes that are not UTF-8 at all (0xFF) fail in the JSON decoder, before any model: a 400 that says which
+    byte where (FastAPI alone says "There was an error parsing the body"), no traceback."""
     before = len(smol_server.log_text().splitlines())
     body = b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\xff\xfe"}]}'
-    response = post_raw(smol_server, "/v1/chat/completions", body)
-    assert 400 <= response.status_code < 500, response.text
+    response = post_raw(smol_server, path, body)
+    assert response.status_code == 400, response.text
+    offset = body.index(b"\xff")
+    assert f"not valid UTF-8: byte 0xff at offset {offset}" in response.text, response.text
     new = smol_server.log_text().splitlines()[before:]
     assert not [line for line in new if "Traceback" in line], new
 

@@ -197,3 +197,15 @@ def test_call_grammar_bounds_whitespace_runs():
     # xgrammar writes an unbounded whitespace run as the starred class (as 0.32.0 stock did).
     assert "[ \\n\\r\\t]*" not in grammar, grammar
     assert "<parameter=" in grammar
+
+
+@pytest.mark.needs_patch("0021-tool-call-grammar-bounded-whitespace.patch")
+@pytest.mark.parametrize("run", [non_streamed, streamed], ids=["whole", "stream"])
+def test_nested_json_with_a_raw_control_character_still_parses(tokenizer, run):
+    """xgrammar's length-bounded JSON string rule let a grammar-held call write a raw control character (\\x0b)
+    inside a nested string (seen with the random-weight model); strict JSON parsing then left the whole array a
+    string, off its schema. Coerced with json.loads(strict=False), the array arrives as an array."""
+    cls = parser_class(tokenizer, "qwen3_coder")
+    text = call("edit_file", path="a.py", edits='[\r{"old": "x\x0b","new"\r:"y"}]')
+    _, _, calls = run(cls, tokenizer, THINKING_OFF, text)
+    assert calls == [("edit_file", {"path": "a.py", "edits": [{"old": "x\x0b", "new": "y"}]})]

@@ -47,13 +47,17 @@ def tree_bytes():
 
 def _make_options(source_dir: Path, models_dir: Path, **overrides) -> PrepareOptions:
     # Baseline without the embedding step (QUANTIZE_EMBED's default is on); tests that exercise it say so.
-    values = dict(output_dir=models_dir / "qwen3.8-27b", models_dir=models_dir, source_dir=source_dir,
-                  show_progress=False, quantize_embed=False)
+    values = dict(
+        output_dir=models_dir / "qwen3.8-27b",
+        models_dir=models_dir,
+        source_dir=source_dir,
+        show_progress=False,
+        quantize_embed=False,
+    )
     values.update(overrides)
     return PrepareOptions(**values)
 
 
 def _tree_bytes(directory: Path) -> dict[str, bytes]:
     """Every file's bytes, by relative path (hidden state files excluded: they are not the model)."""
-    return {p.relative_to(directory).as_posix(): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}

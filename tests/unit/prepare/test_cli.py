@@ -45,3 +45,22 @@ def test_errors_exit_1_with_the_message(env, monkeypatch, tmp_path, caplog):
     assert "MODEL_SOURCE_DIR=" in caplog.text and "is not a directory" in caplog.text
     assert main(["--verify-only"]) == 1  # nothing prepared yet
     assert "config.json is missing" in caplog.text
+
+
+def test_knobs_load_like_every_command_env_file_then_environment_then_set(env, monkeypatch, tmp_path, caplog):
+    # The one settings loader: --env-file < environment < --set.
+    caplog.set_level(logging.INFO, logger="hyperqwen.prepare")
+    env_file = tmp_path / "prepare.env"
+    env_file.write_text(f"MODEL_SOURCE_DIR={tmp_path / 'from-env-file'}\nQUANTIZE_EMBED=0\n")
+    monkeypatch.delenv("MODEL_SOURCE_DIR")
+    assert main(["--no-progress", "--env-file", str(env_file)]) == 1
+    assert f"MODEL_SOURCE_DIR='{tmp_path / 'from-env-file'}' is not a directory" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("MODEL_SOURCE_DIR", str(tmp_path / "from-environment"))
+    assert main(["--no-progress", "--env-file", str(env_file)]) == 1
+    assert "from-environment" in caplog.text
+    caplog.clear()
+    assert (
+        main(["--no-progress", "--env-file", str(env_file), "--set", f"MODEL_SOURCE_DIR={tmp_path / 'set'}"]) == 1
+    )
+    assert f"MODEL_SOURCE_DIR='{tmp_path / 'set'}' is not" in caplog.text and "'QUANTIZE_EMBED': False" in caplog.text

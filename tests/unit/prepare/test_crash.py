@@ -25,15 +25,25 @@ SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 def _env(models: Path, source: Path, quantize_embed: bool, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (CRASH_ENV, CRASH_LOG_ENV)}
-    env.update(MODELS_DIR=str(models), MODEL="m", MODEL_SOURCE_DIR=str(source),
-               QUANTIZE_EMBED="1" if quantize_embed else "0", PYTHONPATH=SRC + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        MODELS_DIR=str(models),
+        MODEL="m",
+        MODEL_SOURCE_DIR=str(source),
+        QUANTIZE_EMBED="1" if quantize_embed else "0",
+        PYTHONPATH=SRC + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env.update(extra)
     return env
 
 
 def _run(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hyperqwen.prepare", "--no-progress"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hyperqwen.prepare", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -87,8 +97,11 @@ def test_sigkill_at_seeded_crash_points_then_rerun_is_byte_identical(pristine_so
         finished = _run(_env(models, pristine_source, True))
         assert finished.returncode == 0, (scenario, point, finished.stderr)
         assert _snapshot(models / "m") == embed, (scenario, point)
-        leftovers = [p.name for p in models.iterdir() if p.name not in ("m",) and not p.name.endswith(
-            ("-lock", "-verified.json"))]
+        leftovers = [
+            p.name
+            for p in models.iterdir()
+            if p.name not in ("m",) and not p.name.endswith(("-lock", "-verified.json"))
+        ]
         assert leftovers == [], (scenario, point)
 
 
@@ -103,8 +116,12 @@ def test_sigkill_after_seeded_random_delays_then_rerun_is_byte_identical(pristin
     env = _env(models, pristine_source, True)
     kills = 0
     for _ in range(6):
-        process = subprocess.Popen([sys.executable, "-m", "hyperqwen.prepare", "--no-progress"], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hyperqwen.prepare", "--no-progress"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.02, 0.7) * whole_run_s)
         process.send_signal(signal.SIGKILL)
         kills += process.wait() == -signal.SIGKILL

@@ -37,10 +37,12 @@ def bpe_source(pristine_source: Path, tmp_path_factory: pytest.TempPathFactory) 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, show_progress=False,
-                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
-                                                  "</think>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        show_progress=False,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train([str(f) for f in dv.corpus_files(dv.default_corpus_dir())], trainer)
     tokenizer.save(str(directory / "tokenizer.json"))
     return directory
@@ -72,8 +74,9 @@ def _ids(tensors: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _counts_file(path: Path, counts: dict[int, int]) -> Path:
-    path.write_text(json.dumps({"format": dv.COUNTS_FORMAT, "version": 1,
-                                "counts": {str(k): v for k, v in counts.items()}}))
+    path.write_text(
+        json.dumps({"format": dv.COUNTS_FORMAT, "version": 1, "counts": {str(k): v for k, v in counts.items()}})
+    )
     return path
 
 
@@ -135,11 +138,11 @@ def test_unquantized_lm_head_gives_bf16_rows_exactly(pristine_source, models_dir
     verify_checkpoint(out)
 
 
-def test_ids_file_counts_choose_the_ids_with_ties_by_corpus_then_id(bpe_source, models_dir, make_options,
-                                                                    tmp_path):
+def test_ids_file_counts_choose_the_ids_with_ties_by_corpus_then_id(bpe_source, models_dir, make_options, tmp_path):
     counts = {900: 50, 7: 50, 500: 40, 1000: 30, 20: 30, 21: 30}
-    options = make_options(bpe_source, models_dir, draft_vocab=6,
-                           draft_vocab_ids=_counts_file(tmp_path / "ids.json", counts))
+    options = make_options(
+        bpe_source, models_dir, draft_vocab=6, draft_vocab_ids=_counts_file(tmp_path / "ids.json", counts)
+    )
     tensors = _tensors(prepare(options).output_dir)
     corpus = dv.count_corpus(bpe_source / "tokenizer.json", dv.default_corpus_dir(), VOCAB)
     # eos 3 is forced; then 7 and 900 (50), 500 (40), then two of {20, 21, 1000} (30): corpus count, then id.
@@ -170,8 +173,9 @@ def test_corpus_counts_match_a_plain_tokenizer_loop(bpe_source):
     for path in dv.corpus_files(dv.default_corpus_dir()):
         for token in tokenizer.encode(path.read_text(encoding="utf-8"), add_special_tokens=False).ids:
             expected[token] += 1
-    np.testing.assert_array_equal(dv.count_corpus(bpe_source / "tokenizer.json", dv.default_corpus_dir(),
-                                                  VOCAB), expected)
+    np.testing.assert_array_equal(
+        dv.count_corpus(bpe_source / "tokenizer.json", dv.default_corpus_dir(), VOCAB), expected
+    )
 
 
 @pytest.mark.parametrize("n", [VOCAB, VOCAB + 1, 10**6])
@@ -194,8 +198,9 @@ def test_bad_ids_file_is_an_error_naming_the_knob(pristine_source, models_dir, m
         make_options(pristine_source, models_dir, draft_vocab_ids=out_of_range)
 
 
-def test_rerun_is_idempotent_and_toggling_rewrites_only_what_changes(pristine_source, models_dir, make_options,
-                                                                     tree_bytes):
+def test_rerun_is_idempotent_and_toggling_rewrites_only_what_changes(
+    pristine_source, models_dir, make_options, tree_bytes
+):
     options = make_options(pristine_source, models_dir, draft_vocab=40)
     first = prepare(options)
     before = tree_bytes(first.output_dir)
@@ -253,6 +258,7 @@ def test_single_file_checkpoint_gains_an_index(tmp_path, make_options):
 
 # --- recount ----------------------------------------------------------------------------------------------------
 
+
 class _FakeVllmChat(BaseHTTPRequestHandler):
     """A fake of vLLM's /v1/models and /v1/chat/completions with `return_token_ids` (choices[].token_ids),
     checking the bearer key; answers are deterministic functions of the prompt."""
@@ -288,9 +294,22 @@ class _FakeVllmChat(BaseHTTPRequestHandler):
         type(self).seen.append(body)
         prompt = body["messages"][-1]["content"]
         ids = [len(prompt) % 7, 100 + len(prompt) % 3, 100, 2] if body.get("return_token_ids") else None
-        self._send(200, {"id": "x", "object": "chat.completion", "model": body["model"],
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "..."},
-                                      "finish_reason": "stop", "token_ids": ids}]})
+        self._send(
+            200,
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "..."},
+                        "finish_reason": "stop",
+                        "token_ids": ids,
+                    }
+                ],
+            },
+        )
 
 
 @pytest.fixture
@@ -304,8 +323,9 @@ def fake_server():
     server.server_close()
 
 
-def test_recount_fake_server_counts_generated_ids_and_prepare_uses_them(fake_server, tmp_path, pristine_source,
-                                                                         models_dir, make_options):
+def test_recount_fake_server_counts_generated_ids_and_prepare_uses_them(
+    fake_server, tmp_path, pristine_source, models_dir, make_options
+):
     import argparse
 
     key_file = tmp_path / "key.txt"
@@ -313,8 +333,21 @@ def test_recount_fake_server_counts_generated_ids_and_prepare_uses_them(fake_ser
     out = tmp_path / "ids.json"
     parser = argparse.ArgumentParser()
     dv.register(parser.add_subparsers())
-    args = parser.parse_args(["draft-vocab-recount", "--url", fake_server, "--api-key-file", str(key_file),
-                              "--out", str(out), "--prompts", "5", "--max-tokens", "16"])
+    args = parser.parse_args(
+        [
+            "draft-vocab-recount",
+            "--url",
+            fake_server,
+            "--api-key-file",
+            str(key_file),
+            "--out",
+            str(out),
+            "--prompts",
+            "5",
+            "--max-tokens",
+            "16",
+        ]
+    )
     assert args.func(args) == 0
     data = json.loads(out.read_text())
     assert data["format"] == dv.COUNTS_FORMAT and data["generated_tokens"] == 20 and data["model"] == "tiny"
@@ -323,11 +356,11 @@ def test_recount_fake_server_counts_generated_ids_and_prepare_uses_them(fake_ser
         for token in [len(prompt) % 7, 100 + len(prompt) % 3, 100, 2]:
             expected[token] = expected.get(token, 0) + 1
     assert {int(k): v for k, v in data["counts"].items()} == expected
-    assert all(b["return_token_ids"] and b["max_tokens"] == 16 and b["temperature"] == 0
-               for b in _FakeVllmChat.seen)
+    assert all(b["return_token_ids"] and b["max_tokens"] == 16 and b["temperature"] == 0 for b in _FakeVllmChat.seen)
     n = len(expected) + 1
-    tensors = _tensors(prepare(make_options(pristine_source, models_dir, draft_vocab=n,
-                                            draft_vocab_ids=out)).output_dir)
+    tensors = _tensors(
+        prepare(make_options(pristine_source, models_dir, draft_vocab=n, draft_vocab_ids=out)).output_dir
+    )
     assert _ids(tensors).tolist() == sorted({3, *expected})
 
 

@@ -78,8 +78,9 @@ def _check_model(recorder: Recorder, output: Path) -> None:
         assert synced > manifest_at or directory != output, f"{directory} not fsynced after the manifest"
         assert synced >= 0, f"{directory} was never fsynced before publish"
     parent = output.parent.stat().st_ino
-    assert any(e[0] == "fsync" and e[1] == parent for e in recorder.events[publish_at + 1:]), \
+    assert any(e[0] == "fsync" and e[1] == parent for e in recorder.events[publish_at + 1 :]), (
         "the models folder was not fsynced after the publish rename"
+    )
 
 
 def test_local_source_fsync_order(pristine_source, models_dir, make_options, monkeypatch):
@@ -96,8 +97,14 @@ def test_hub_download_fsync_order(tmp_path, monkeypatch, pristine_source):
     try:
         from hyperqwen.prepare.options import PrepareOptions
 
-        options = PrepareOptions(output_dir=tmp_path / "models" / "m", models_dir=tmp_path / "models", repo_id=REPO,
-                                 revision="main", hf_endpoint=hub.endpoint, show_progress=False)
+        options = PrepareOptions(
+            output_dir=tmp_path / "models" / "m",
+            models_dir=tmp_path / "models",
+            repo_id=REPO,
+            revision="main",
+            hf_endpoint=hub.endpoint,
+            show_progress=False,
+        )
         recorder = Recorder(monkeypatch)
         assert prepare(options).changed
     finally:

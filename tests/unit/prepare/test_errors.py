@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from hyperqwen.prepare.errors import PrepareCheckpointError, DiskSpaceError, PrepareError
+from hyperqwen.prepare.errors import DiskSpaceError, PrepareCheckpointError, PrepareError
 from hyperqwen.prepare.pipeline import StatePaths, _locked, prepare
 
 
@@ -94,13 +94,15 @@ def test_source_dir_that_does_not_exist(models_dir, make_options, tmp_path):
 
 # --- disk full, on a real small tmpfs ------------------------------------------------------------------
 
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A real 3 MiB tmpfs (needs CAP_SYS_ADMIN, e.g. root in this dev box); skipped where mount is not allowed."""
     mountpoint = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
     mountpoint.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mountpoint)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mountpoint)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs CAP_SYS_ADMIN): {done.stderr.strip()}")
     try:
@@ -145,6 +147,7 @@ def test_a_model_directory_prepare_did_not_make_is_never_replaced(pristine_sourc
 
 
 # --- verification of a prepared directory (what `prepare --verify-only` and the server start rely on) -----
+
 
 @pytest.fixture
 def prepared_copy(pristine_source, tmp_path, make_options):

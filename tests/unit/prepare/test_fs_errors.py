@@ -45,8 +45,14 @@ def _remount_ro(point: Path) -> None:
 
 def _cli(env_extra: dict[str, str], **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra}
-    return subprocess.Popen([sys.executable, "-m", "hyperqwen.prepare", "--no-progress"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hyperqwen.prepare", "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -100,11 +106,17 @@ def test_a_name_too_long(pristine_source, models_dir, make_options):
     assert "file name too long" in str(info.value) and "shorter" in str(info.value)
 
 
-@pytest.mark.parametrize(("code", "expected"), [
-    (errno.EACCES, "permission denied for user"), (errno.EPERM, "permission denied for user"),
-    (errno.EDQUOT, "disk quota exceeded"), (errno.ENOSPC, "no space left"), (errno.EROFS, "read-only"),
-    (errno.ENAMETOOLONG, "file name too long"),
-])
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (errno.EACCES, "permission denied for user"),
+        (errno.EPERM, "permission denied for user"),
+        (errno.EDQUOT, "disk quota exceeded"),
+        (errno.ENOSPC, "no space left"),
+        (errno.EROFS, "read-only"),
+        (errno.ENAMETOOLONG, "file name too long"),
+    ],
+)
 def test_every_errno_class_names_the_path_and_a_fix(tmp_path, code, expected):
     # As root (these tests' usual user) EACCES and EDQUOT cannot be provoked for real; the message is checked here.
     error = filesystem_error(OSError(code, os.strerror(code), str(tmp_path / "x")))

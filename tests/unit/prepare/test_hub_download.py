@@ -62,8 +62,12 @@ class FakeHub:
 
             def _meta(self, path: str) -> dict:
                 data = hub.files[path]
-                return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "oid": git_blob_id(data),
-                        "lfs": path.endswith(".safetensors")}
+                return {
+                    "size": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "oid": git_blob_id(data),
+                    "lfs": path.endswith(".safetensors"),
+                }
 
             def do_GET(self):
                 self._handle(head=False)
@@ -94,8 +98,19 @@ class FakeHub:
                         if m["lfs"]:
                             entry["lfs"] = {"sha256": m["sha256"], "size": m["size"], "pointerSize": 130}
                         siblings.append(entry)
-                    return self._json({"id": REPO, "modelId": REPO, "sha": COMMIT, "siblings": siblings,
-                                       "private": False, "gated": False, "tags": [], "downloads": 0, "likes": 0})
+                    return self._json(
+                        {
+                            "id": REPO,
+                            "modelId": REPO,
+                            "sha": COMMIT,
+                            "siblings": siblings,
+                            "private": False,
+                            "gated": False,
+                            "tags": [],
+                            "downloads": 0,
+                            "likes": 0,
+                        }
+                    )
                 if path.startswith(f"/api/models/{REPO}/tree/"):
                     entries = []
                     for name in sorted(hub.files):
@@ -106,8 +121,8 @@ class FakeHub:
                         entries.append(entry)
                     return self._json(entries)
                 prefix = f"/{REPO}/resolve/{COMMIT}/"
-                if path.startswith(prefix) and path[len(prefix):] in hub.files:
-                    name = path[len(prefix):]
+                if path.startswith(prefix) and path[len(prefix) :] in hub.files:
+                    name = path[len(prefix) :]
                     meta = self._meta(name)
                     data = hub.served[name]
                     start = 0
@@ -142,8 +157,8 @@ class FakeHub:
                                 kill[2]()
                                 self.close_connection = True
                                 return
-                            self.wfile.write(body[sent:sent + step])
-                            sent += len(body[sent:sent + step])
+                            self.wfile.write(body[sent : sent + step])
+                            sent += len(body[sent : sent + step])
                     except (BrokenPipeError, ConnectionResetError):
                         self.close_connection = True
                     finally:
@@ -194,8 +209,14 @@ def big_hub(tmp_path):
 
 
 def _options(tmp_path: Path, hub: FakeHub, **overrides) -> PrepareOptions:
-    values = dict(output_dir=tmp_path / "models" / "m", models_dir=tmp_path / "models", repo_id=REPO,
-                  revision="main", hf_endpoint=hub.endpoint, show_progress=False)
+    values = dict(
+        output_dir=tmp_path / "models" / "m",
+        models_dir=tmp_path / "models",
+        repo_id=REPO,
+        revision="main",
+        hf_endpoint=hub.endpoint,
+        show_progress=False,
+    )
     values.update(overrides)
     return PrepareOptions(**values)
 
@@ -244,7 +265,9 @@ def test_an_interrupted_download_resumes(tmp_path, big_hub):
     result = prepare(options) if not options.output_dir.exists() else None
     assert options.output_dir.is_dir()
     ranged = [r for r in hub.requests if r[0] == "GET" and r[1].endswith(shard) and r[2]]
-    assert ranged, [r for r in hub.requests if r[1].endswith(shard)]  # the second attempt asked only for the missing bytes
+    assert ranged, [
+        r for r in hub.requests if r[1].endswith(shard)
+    ]  # the second attempt asked only for the missing bytes
     assert (options.source_download_dir / shard).read_bytes() == hub.files[shard]
     assert result is None or result.changed
 
@@ -304,15 +327,17 @@ def test_a_download_killed_three_times_in_new_processes_continues_with_range_req
     size = len(data)
     options = _options(tmp_path, hub)
     part = part_path(options.source_download_dir, RemoteFile(SHARD, size, hashlib.sha256(data).hexdigest()))
-    args = json.dumps({"out": str(options.output_dir), "models": str(options.models_dir), "repo": REPO,
-                       "endpoint": hub.endpoint})
+    args = json.dumps(
+        {"out": str(options.output_dir), "models": str(options.models_dir), "repo": REPO, "endpoint": hub.endpoint}
+    )
     kills = (size // 5, size // 2, size * 4 // 5)  # three different byte counts
     partials = []
     for offset in kills:
         holder: dict = {}
-        hub.kill_at = (SHARD, offset, lambda: os.kill(holder["proc"].pid, signal.SIGKILL))
-        holder["proc"] = subprocess.Popen([sys.executable, "-c", CHILD, args], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE)
+        hub.kill_at = (SHARD, offset, lambda holder=holder: os.kill(holder["proc"].pid, signal.SIGKILL))
+        holder["proc"] = subprocess.Popen(
+            [sys.executable, "-c", CHILD, args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         _, err = holder["proc"].communicate(timeout=300)
         assert holder["proc"].returncode == -signal.SIGKILL, err.decode()[-2000:]
         assert not options.output_dir.exists()
@@ -350,7 +375,10 @@ def test_a_missing_or_truncated_source_file_is_fetched_again(tmp_path, hub, capl
     with caplog.at_level(logging.WARNING, logger="hyperqwen.prepare"):
         result = prepare(options)
     assert result.changed
-    assert f"{SHARD}: {len(hub.files[SHARD]) // 2} bytes, the hub says" in caplog.text and "fetching it again" in caplog.text
+    assert (
+        f"{SHARD}: {len(hub.files[SHARD]) // 2} bytes, the hub says" in caplog.text
+        and "fetching it again" in caplog.text
+    )
     assert f"{other}: missing from the earlier download; fetching it again" in caplog.text
     assert (directory / SHARD).read_bytes() == hub.files[SHARD] and (directory / other).read_bytes() == hub.files[other]
     assert len(hub.gets(SHARD)) == 1 and len(hub.gets(other)) == 1
@@ -383,8 +411,11 @@ def test_a_rejected_token_is_never_taken_for_an_unreachable_hub(tmp_path, hub, c
 
 
 def test_a_repo_without_config_json_says_so_every_time(tmp_path, pristine_source):
-    files = {p.relative_to(pristine_source).as_posix(): p.read_bytes()
-             for p in sorted(pristine_source.rglob("*")) if p.is_file() and p.name != "config.json"}
+    files = {
+        p.relative_to(pristine_source).as_posix(): p.read_bytes()
+        for p in sorted(pristine_source.rglob("*"))
+        if p.is_file() and p.name != "config.json"
+    }
     fake = FakeHub(files)
     fake.thread.start()
     try:

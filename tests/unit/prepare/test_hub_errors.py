@@ -28,8 +28,15 @@ def _closed_port() -> int:
 
 
 def _options(tmp_path, endpoint, **overrides) -> PrepareOptions:
-    values = dict(output_dir=tmp_path / "models" / "m", models_dir=tmp_path / "models", repo_id="org/model",
-                  revision="main", token=TOKEN, hf_endpoint=endpoint, show_progress=False)
+    values = dict(
+        output_dir=tmp_path / "models" / "m",
+        models_dir=tmp_path / "models",
+        repo_id="org/model",
+        revision="main",
+        token=TOKEN,
+        hf_endpoint=endpoint,
+        show_progress=False,
+    )
     values.update(overrides)
     return PrepareOptions(**values)
 
@@ -84,8 +91,9 @@ def test_no_network_but_an_earlier_verified_download_is_used(tmp_path, pristine_
 
     options = _options(tmp_path, f"http://127.0.0.1:{_closed_port()}")
     shutil.copytree(pristine_source, options.source_download_dir)
-    (options.source_download_dir / COMPLETE_MARKER).write_text(json.dumps(
-        {"repo": "org/model", "revision": "main", "commit": "a" * 40, "files": {}}))
+    (options.source_download_dir / COMPLETE_MARKER).write_text(
+        json.dumps({"repo": "org/model", "revision": "main", "commit": "a" * 40, "files": {}})
+    )
     result = prepare(options)
     assert result.changed and (options.output_dir / "config.json").is_file()
 
@@ -98,17 +106,33 @@ def test_offline_without_a_download(tmp_path):
     assert "HF_HUB_OFFLINE" in text and "MODEL_SOURCE_DIR" in text
 
 
-@pytest.mark.parametrize(("status", "headers", "expected"), [
-    (404, {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
-     ["MODEL_REPO='org/model' was not found", "HF_TOKEN"]),
-    (403, {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to model org/model is restricted"},
-     ["is gated", "accept the model's terms", "HF_TOKEN"]),
-    (401, {"X-Error-Message": "Invalid credentials in Authorization header"},
-     ["rejected HF_TOKEN", "as invalid", "settings/tokens"]),
-    (404, {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "Invalid rev id: nope"},
-     ["MODEL_REVISION='main' does not exist"]),
-    (500, {}, ["HTTP 500", "retry later"]),
-], ids=["missing-repo", "gated-repo", "wrong-token", "missing-revision", "server-error"])
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        (
+            404,
+            {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
+            ["MODEL_REPO='org/model' was not found", "HF_TOKEN"],
+        ),
+        (
+            403,
+            {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to model org/model is restricted"},
+            ["is gated", "accept the model's terms", "HF_TOKEN"],
+        ),
+        (
+            401,
+            {"X-Error-Message": "Invalid credentials in Authorization header"},
+            ["rejected HF_TOKEN", "as invalid", "settings/tokens"],
+        ),
+        (
+            404,
+            {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "Invalid rev id: nope"},
+            ["MODEL_REVISION='main' does not exist"],
+        ),
+        (500, {}, ["HTTP 500", "retry later"]),
+    ],
+    ids=["missing-repo", "gated-repo", "wrong-token", "missing-revision", "server-error"],
+)
 def test_fake_hub_error_answers_map_to_clear_messages(tmp_path, fake_hub, status, headers, expected):
     endpoint, answer = fake_hub
     answer.update(status=status, headers=headers)

@@ -11,13 +11,23 @@ def test_defaults_follow_the_contract():
     assert options.repo_id == DEFAULT_MODEL_REPO == "dbirks/Qwen3.8-27B-W4A16-AutoRound"
     assert options.revision == "main"
     assert options.output_dir == Path("/models/qwen3.8-27b")
-    assert options.source_dir is None and not options.offline and options.quantize_embed  # default on (patches 0004/0005)
+    assert (
+        options.source_dir is None and not options.offline and options.quantize_embed
+    )  # default on (patches 0004/0005)
     assert options.source_download_dir == Path("/models/.hyperqwen-source/dbirks--Qwen3.8-27B-W4A16-AutoRound@main")
 
 
 def test_knobs_are_read(tmp_path):
-    env = {"MODELS_DIR": str(tmp_path), "MODEL": "mine", "MODEL_REPO": "org/repo", "MODEL_REVISION": "v2",
-           "MODEL_SOURCE_DIR": "/src", "HF_HUB_OFFLINE": "yes", "QUANTIZE_EMBED": "On", "HF_TOKEN": "hf_secret123456"}
+    env = {
+        "MODELS_DIR": str(tmp_path),
+        "MODEL": "mine",
+        "MODEL_REPO": "org/repo",
+        "MODEL_REVISION": "v2",
+        "MODEL_SOURCE_DIR": "/src",
+        "HF_HUB_OFFLINE": "yes",
+        "QUANTIZE_EMBED": "On",
+        "HF_TOKEN": "hf_secret123456",
+    }
     options = PrepareOptions.from_env(env)
     assert options.output_dir == tmp_path / "mine"
     assert (options.repo_id, options.revision, options.source_dir) == ("org/repo", "v2", Path("/src"))

@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from hyperqwen.formats.safetensors import read_header
 from hyperqwen.prepare.checkpoint import LM_HEAD_TARGET, OUR_GROUP
 from hyperqwen.prepare.pipeline import MANIFEST_NAME, StatePaths, prepare
-from hyperqwen.formats.safetensors import read_header
 from hyperqwen.prepare.verify import verify_checkpoint
 
-MTP_LINEARS = ["mtp.fc"] + [f"mtp.layers.0.self_attn.{p}_proj" for p in "qkvo"] + [
-    f"mtp.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down")]
+MTP_LINEARS = (
+    ["mtp.fc"]
+    + [f"mtp.layers.0.self_attn.{p}_proj" for p in "qkvo"]
+    + [f"mtp.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down")]
+)
 
 
 def _weight_map(directory):
@@ -85,8 +88,11 @@ def test_quantize_embed_redoes_only_the_affected_files(pristine_source, models_d
     inodes = {p.name: p.stat().st_ino for p in out.iterdir()}
     result = prepare(make_options(pristine_source, models_dir, quantize_embed=True))
     assert result.changed
-    assert sorted(result.files_written) == ["config.json", "model-00001-of-00003.safetensors",
-                                            "model.safetensors.index.json"]
+    assert sorted(result.files_written) == [
+        "config.json",
+        "model-00001-of-00003.safetensors",
+        "model.safetensors.index.json",
+    ]
     assert "model-00003-of-00003.safetensors" in result.files_reused
     assert out.joinpath("model-00003-of-00003.safetensors").stat().st_ino == inodes["model-00003-of-00003.safetensors"]
     weight_map = _weight_map(out)
@@ -95,14 +101,17 @@ def test_quantize_embed_redoes_only_the_affected_files(pristine_source, models_d
     assert "model.language_model.embed_tokens" in qc["config_groups"][OUR_GROUP]["targets"]
     assert result.quant_errors["model.language_model.embed_tokens.weight"] < 0.01
     # The same result as preparing with QUANTIZE_EMBED from scratch.
-    fresh = make_options(pristine_source, models_dir.parent / "fresh", quantize_embed=True,
-                         output_dir=models_dir.parent / "fresh" / "qwen3.8-27b")
+    fresh = make_options(
+        pristine_source,
+        models_dir.parent / "fresh",
+        quantize_embed=True,
+        output_dir=models_dir.parent / "fresh" / "qwen3.8-27b",
+    )
     prepare(fresh)
     assert tree_bytes(fresh.output_dir) == tree_bytes(out)
 
 
-def test_missing_and_damaged_files_are_rebuilt_and_nothing_else(pristine_source, models_dir, make_options,
-                                                                 tree_bytes):
+def test_missing_and_damaged_files_are_rebuilt_and_nothing_else(pristine_source, models_dir, make_options, tree_bytes):
     options = make_options(pristine_source, models_dir)
     prepare(options)
     out = options.output_dir
@@ -118,8 +127,7 @@ def test_missing_and_damaged_files_are_rebuilt_and_nothing_else(pristine_source,
     assert tree_bytes(out) == good
 
 
-def test_resume_after_a_crash_reuses_finished_files(pristine_source, models_dir, make_options, tree_bytes,
-                                                    monkeypatch):
+def test_resume_after_a_crash_reuses_finished_files(pristine_source, models_dir, make_options, tree_bytes, monkeypatch):
     reference = make_options(pristine_source, models_dir.parent / "ref", output_dir=models_dir.parent / "ref" / "m")
     prepare(reference)
     options = make_options(pristine_source, models_dir)
@@ -172,15 +180,17 @@ def test_single_file_checkpoint_without_index(tmp_path, make_options):
         assert handle.get_tensor("lm_head.weight_packed").dtype == np.int32
 
 
-def test_publish_without_rename_exchange_fake_fs_recovers_from_a_crash(pristine_source, models_dir, make_options,
-                                                                      tree_bytes, monkeypatch):
+def test_publish_without_rename_exchange_fake_fs_recovers_from_a_crash(
+    pristine_source, models_dir, make_options, tree_bytes, monkeypatch
+):
     """Filesystems without renameat2(RENAME_EXCHANGE) (faked here by making the swap report EINVAL-unsupported):
     old model renamed away, new one renamed in. A crash between the two renames leaves no model directory;
     the next run puts a complete one back."""
     import hyperqwen.prepare.pipeline as pipeline
 
-    reference = make_options(pristine_source, models_dir.parent / "ref", output_dir=models_dir.parent / "ref" / "m",
-                             quantize_embed=True)
+    reference = make_options(
+        pristine_source, models_dir.parent / "ref", output_dir=models_dir.parent / "ref" / "m", quantize_embed=True
+    )
     prepare(reference)
     prepare(make_options(pristine_source, models_dir))
     monkeypatch.setattr(pipeline, "exchange_dirs", lambda a, b: False)

@@ -99,8 +99,9 @@ def test_compressed_tensors_decompresses_what_prepare_wrote(source, models_dir, 
         rel_bf16 = float(torch.linalg.norm(restored - original) / torch.linalg.norm(original))
         assert rel_bf16 < 0.01
         # With the same scales in float32 the library reproduces q * scale exactly: the error prepare reports.
-        exact = PackedQuantizationCompressor.decompress(state | {"weight_scale": state["weight_scale"].float()},
-                                                        scheme)["weight"]
+        exact = PackedQuantizationCompressor.decompress(
+            state | {"weight_scale": state["weight_scale"].float()}, scheme
+        )["weight"]
         rel = float(torch.linalg.norm(exact - original) / torch.linalg.norm(original))
         assert math.isclose(rel, err, rel_tol=1e-4)
         checked += 1

@@ -39,8 +39,12 @@ def _gaussian(seed: int) -> np.ndarray:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), row=st.integers(0, ROWS - 1), col=st.integers(0, COLS - 1),
-       magnitude=st.floats(50, 1e6))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    row=st.integers(0, ROWS - 1),
+    col=st.integers(0, COLS - 1),
+    magnitude=st.floats(50, 1e6),
+)
 def test_a_planted_outlier_fails_its_group_and_names_the_row(seed, row, col, magnitude):
     values = _gaussian(seed)
     values[row, col] = magnitude * 0.02  # >= 50x the others' RMS: they round to a handful of levels or zero
@@ -53,8 +57,9 @@ def test_a_planted_outlier_fails_its_group_and_names_the_row(seed, row, col, mag
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), row=st.integers(0, ROWS - 1), col=st.integers(0, COLS - 1),
-       factor=st.floats(1, 8))
+@given(
+    seed=st.integers(0, 2**32 - 1), row=st.integers(0, ROWS - 1), col=st.integers(0, COLS - 1), factor=st.floats(1, 8)
+)
 def test_ordinary_weights_and_mild_outliers_pass_and_the_bound_holds_per_group(seed, row, col, factor):
     values = _gaussian(seed)
     values[row, col] *= factor
@@ -77,8 +82,12 @@ def test_ordinary_weights_and_mild_outliers_pass_and_the_bound_holds_per_group(s
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), row=st.integers(0, ROWS - 1), col=st.integers(0, COLS - 1),
-       bad=st.sampled_from([np.nan, np.inf, -np.inf]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    row=st.integers(0, ROWS - 1),
+    col=st.integers(0, COLS - 1),
+    bad=st.sampled_from([np.nan, np.inf, -np.inf]),
+)
 def test_non_finite_values_are_refused_by_name_with_row_and_column(seed, row, col, bad):
     values = _gaussian(seed)
     values[row, col] = bad
@@ -143,8 +152,12 @@ def test_the_one_pass_bf16_kernel_writes_the_numpy_bytes_and_measures_the_same_e
     assert np.array_equal(fused.packed, plain.packed) and np.array_equal(fused.stored, plain.stored)
     assert fused.err_sq == pytest.approx(plain.err_sq, rel=1e-4)
     assert fused.ref_sq == pytest.approx(plain.ref_sq, rel=1e-4)
-    assert np.allclose(group_rel_errors(fused.rest_err, fused.rest_ref),
-                       group_rel_errors(plain.rest_err, plain.rest_ref), rtol=1e-3, atol=1e-6)
+    assert np.allclose(
+        group_rel_errors(fused.rest_err, fused.rest_ref),
+        group_rel_errors(plain.rest_err, plain.rest_ref),
+        rtol=1e-3,
+        atol=1e-6,
+    )
     values[2, 9] = np.nan
     bad = quantize_bf16_raw(f32_to_bf16_bits(values).reshape(ROWS, COLS))
     assert bad is not None and list(np.flatnonzero(~np.isfinite(bad.row_ref))) == [2]

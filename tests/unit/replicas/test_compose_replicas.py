@@ -43,7 +43,12 @@ def _write(project: Path, **knobs: str) -> int:
 def test_four_gpus_four_replicas_one_prepare_one_router(project):
     assert _write(project, GPUS="0,1,2,3") == 0
     services = _render(project, "compose.yaml", "compose.replicas.yaml")
-    assert sorted(services) == ["init", "prepare", "replica-0", "replica-1", "replica-2", "replica-3", "router"]
+    assert sorted(services) == ["init", "prepare", "replica-0", "replica-1", "replica-2", "replica-3",
+                                "replicas-monitor", "router"]
+    monitor = services["replicas-monitor"]
+    assert monitor["command"] == ["hyperqwen", "monitor", "--upstream",
+                                  ",".join(f"http://replica-{i}:18020" for i in range(4))]
+    assert monitor["profiles"] == ["replicas"] and monitor["ports"][0]["published"] == "18021"
     for i in range(4):
         replica = services[f"replica-{i}"]
         assert replica["deploy"]["resources"]["reservations"]["devices"] == [

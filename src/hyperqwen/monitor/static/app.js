@@ -159,7 +159,27 @@ function renderRequests(rows) {
   }
 }
 
+// Replicas behind a router (docs/multi-gpu.md): ?replica=N picks whose charts the page shows; every replica is
+// listed with its status.
+const REPLICA = new URLSearchParams(location.search).get("replica") || "0";
+
+function renderReplicas(state) {
+  const nav = $("replicas");
+  if (!nav) return;
+  nav.hidden = !state.replicas;
+  if (!state.replicas) return;
+  nav.replaceChildren(...state.replicas.map((r, i) => {
+    const a = document.createElement("a");
+    a.href = "?replica=" + i;
+    a.className = "replica " + (r.up ? "up" : "down") + (i === state.replica ? " current" : "");
+    a.dataset.up = String(r.up);
+    a.textContent = "replica " + i + ": " + (r.up ? "up" : "down") + " (" + r.url + ")";
+    return a;
+  }));
+}
+
 function render(state) {
+  renderReplicas(state);
   const up = state.upstream.up;
   const status = $("status");
   status.className = "status " + (up ? "up" : "down");
@@ -212,7 +232,8 @@ function render(state) {
 async function poll() {
   let delay = 2000;
   try {
-    const response = await fetch("/api/state", { cache: "no-store", credentials: "same-origin" });
+    const response = await fetch("/api/state?replica=" + encodeURIComponent(REPLICA),
+                                 { cache: "no-store", credentials: "same-origin" });
     if (!response.ok) throw new Error("HTTP " + response.status);
     const state = await response.json();
     render(state);
