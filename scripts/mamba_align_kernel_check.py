@@ -164,7 +164,9 @@ def raw_bytes(torch: Any, state: Any) -> Any:
 
 
 def run_case(torch: Any, mod: ModuleType, rng: random.Random, kind: str, dim_first: bool, padded: bool,
-             dtype: Any) -> dict[str, Any]:
+             dtype: Any, v2: bool = False) -> dict[str, Any]:
+    """One random case. v2: Model Runner V2's calling convention (a batch-to-slot idx_mapping with a skipped
+    row; post-process with the post-step computed count precomputed and the accepted counts updated in place)."""
     mod.CONV_STATE_DIM_FIRST = dim_first
     case = build_case(torch, rng, dim_first=dim_first, padded=padded, dtype=dtype)
     num_reqs, max_cols, block_size = case["max_reqs"], case["max_cols"], 16
@@ -177,7 +179,14 @@ def run_case(torch: Any, mod: ModuleType, rng: random.Random, kind: str, dim_fir
     ctx = SimpleNamespace(torch_states=cpu_states, torch_block_tables=cpu_tables)
     i32 = torch.int32
     grid = (num_reqs, len(gpu_states), 16)
-    result: dict[str, Any] = {"kind": kind, "dim_first": dim_first, "padded": padded, "dtype": str(dtype)}
+    result: dict[str, Any] = {"kind": kind, "dim_first": dim_first, "padded": padded, "dtype": str(dtype), "v2": v2}
+    idx_cpu = None
+    if v2:
+        order = list(range(num_reqs))
+        rng.shuffle(order)
+        order[rng.randrange(num_reqs)] = -1
+        idx_cpu = torch.tensor(order, dtype=i32)
+    idx_gpu = idx_cpu.cuda() if idx_cpu is not None else None
     if kind == "precopy":
         dst = [rng.randrange(1, max_cols - 4) for _ in range(num_reqs)]
         src, bias = [], []
@@ -189,10 +198,10 @@ def run_case(torch: Any, mod: ModuleType, rng: random.Random, kind: str, dim_fir
         mod.precopy_mamba_align_fused_kernel[grid](
             state_idx.cuda(), src_col.cuda(), token_bias.cuda(), table_ptrs, gpu_tables[0].stride(0),
             meta["base"], meta["stride"], meta["elem"], meta["inner"], meta["width"], meta["group"],
-            meta["drc"], meta["drs"], None, num_reqs,
-            COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=dim_first, HAS_IDX_MAPPING=False, TEMPORAL_TILES=16,
+            meta["drc"], meta["drs"], idx_gpu, num_reqs,
+            COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=dim_first, HAS_IDX_MAPPING=v2, TEMPORAL_TILES=16,
         )
-        mod.precopy_mamba_align_torch(ctx, state_idx, src_col, token_bias, None, num_reqs)
+        mod.precopy_mamba_align_torch(ctx, state_idx, src_col, token_bias, idx_cpu, num_reqs)
         result["copying_requests"] = sum(1 for i in range(num_reqs) if src[i] >= 0 and src[i] != dst[i])
     else:
         k = 3  # draft tokens
@@ -213,14 +222,28 @@ def run_case(torch: Any, mod: ModuleType, rng: random.Random, kind: str, dim_fir
              (("acc", accepted), ("col", state_col), ("sch", scheduled), ("comp", computed), ("dr", drafts))}
         out_gpu = t["acc"].cuda().clone()
         out_cpu = t["acc"].clone()
-        mod.postprocess_mamba_fused_kernel[grid](
-            t["acc"].cuda(), t["col"].cuda(), t["sch"].cuda(), t["comp"].cuda(), t["dr"].cuda(), table_ptrs,
-            gpu_tables[0].stride(0), meta["base"], meta["stride"], meta["elem"], meta["inner"], meta["width"],
-            meta["group"], meta["drc"], meta["drs"], out_gpu, None, num_reqs,
-            block_size=block_size, COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=dim_first, TEMPORAL_TILES=16,
-        )
-        mod.postprocess_mamba_torch(ctx, t["acc"], t["col"], t["sch"], t["comp"], t["dr"], out_cpu, None, num_reqs,
-                                    block_size, precomputed_new_computed=False)
+        if v2:
+            new_computed = torch.tensor(
+                [c + s_ - d + a - 1 for c, s_, d, a in zip(computed, scheduled, drafts, accepted)], dtype=i32
+            )
+            mod.postprocess_mamba_fused_kernel[grid](
+                t["acc"].cuda(), t["col"].cuda(), None, new_computed.cuda(), None, table_ptrs,
+                gpu_tables[0].stride(0), meta["base"], meta["stride"], meta["elem"], meta["inner"], meta["width"],
+                meta["group"], meta["drc"], meta["drs"], out_gpu, idx_gpu, num_reqs,
+                block_size=block_size, COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=dim_first, HAS_IDX_MAPPING=True,
+                PRECOMPUTED_NEW_COMPUTED=True, TEMPORAL_TILES=16,
+            )
+            mod.postprocess_mamba_torch(ctx, t["acc"], t["col"], None, new_computed, None, out_cpu, idx_cpu,
+                                        num_reqs, block_size, precomputed_new_computed=True)
+        else:
+            mod.postprocess_mamba_fused_kernel[grid](
+                t["acc"].cuda(), t["col"].cuda(), t["sch"].cuda(), t["comp"].cuda(), t["dr"].cuda(), table_ptrs,
+                gpu_tables[0].stride(0), meta["base"], meta["stride"], meta["elem"], meta["inner"], meta["width"],
+                meta["group"], meta["drc"], meta["drs"], out_gpu, None, num_reqs,
+                block_size=block_size, COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=dim_first, TEMPORAL_TILES=16,
+            )
+            mod.postprocess_mamba_torch(ctx, t["acc"], t["col"], t["sch"], t["comp"], t["dr"], out_cpu, None,
+                                        num_reqs, block_size, precomputed_new_computed=False)
         result["num_accepted_out_equal"] = bool(torch.equal(out_gpu.cpu(), out_cpu))
     torch.cuda.synchronize()
     changed = 0
@@ -257,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             for dim_first in (False, True):
                 for padded in (False, True):
                     for dtype in (torch.float16, torch.float32):
-                        res = run_case(torch, mod, rng, kind, dim_first, padded, dtype)
-                        res["seed"] = seed
-                        results.append(res)
+                        for v2 in (False, True):
+                            res = run_case(torch, mod, rng, kind, dim_first, padded, dtype, v2)
+                            res["seed"] = seed
+                            results.append(res)
     failures = [r for r in results if not r["states_equal"] or r.get("num_accepted_out_equal") is False]
     summary = {
         "cases": len(results),

@@ -143,20 +143,24 @@ def _key_file(models: Path) -> Path:
 
 
 def ensure_api_key(models: Path, uid: int, gid: int) -> None:
-    """Create the API key file when there is no key at all, so the server, the monitor and the WebUI share
-    one from the first start (a key on loopback too: other local users and browser pages cannot use the API)."""
-    if os.environ.get("VLLM_API_KEY"):
-        return
+    """Make sure the API key file exists, so the server, the monitor and the WebUI share one key from the first
+    start (on loopback too: other local users and browser pages cannot use the API). With no key anywhere a new
+    one is made; with VLLM_API_KEY set, that key is written (the WebUI's compose secret needs a file; the server
+    and the WebUI still take the environment's key first)."""
     path = _key_file(models)
     if path.exists():
         return
+    from_env = os.environ.get("VLLM_API_KEY", "").strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(24) + "\n")
+        f.write((from_env or secrets.token_hex(24)) + "\n")
     if os.geteuid() == 0:
         os.chown(path, uid, gid)
-    _say(f"created an API key in {host_path(path)}; clients send it as 'Authorization: Bearer <key>'")
+    if from_env:
+        _say(f"wrote VLLM_API_KEY to {host_path(path)} (mode 0600) for the WebUI's compose secret")
+    else:
+        _say(f"created an API key in {host_path(path)}; clients send it as 'Authorization: Bearer <key>'")
 
 
 def run_init(paths: Sequence[str]) -> int:

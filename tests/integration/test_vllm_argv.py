@@ -151,9 +151,13 @@ def test_exec_reaches_vllm_with_the_planned_argv(tmp_path):
 
 
 def test_unknown_flag_in_extra_args_is_rejected_by_vllm_parser(parser):
-    plan = build_command(resolve_settings({"EXTRA_ARGS": "--no-such-flag"}, mode="single"), api_key=None)
+    # Refused before anything starts (config/extra_args.py reads EXTRA_ARGS against vLLM's option table) ...
+    with pytest.raises(SettingsError, match="EXTRA_ARGS: word 1 '--no-such-flag' is not a vLLM 0.32.0 option"):
+        resolve_settings({"EXTRA_ARGS": "--no-such-flag"}, mode="single")
+    # ... as vLLM's own parser would refuse it at start.
+    plan = build_command(resolve_settings({}, mode="single"), api_key=None)
     with pytest.raises(SystemExit):
-        parser.parse_args(list(plan.vllm_args))
+        parser.parse_args([*plan.vllm_args, "--no-such-flag"])
 
 
 def test_abbreviations_are_off(parser):

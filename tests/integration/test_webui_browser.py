@@ -220,14 +220,16 @@ def chat(page, served_model_name: str, prompt: str, timeout_s: float = 180) -> d
                           .startsWith({json.dumps(served_model_name)})).slice(-1).forEach(b => b.click())""")
         wait_for(lambda: served_model_name in page.evaluate(
             "document.querySelector('#model-selector-model-button').innerText"), 30, "our model to be selected")
-    # Sample the new answer's text from inside the page every 30 ms while it streams.
-    before = page.evaluate("document.querySelectorAll('#response-content-container').length")
-    page.evaluate(f"""(() => {{ window.__hq = {{lengths: []}};
-        window.__hq.timer = setInterval(() => {{
-            const answers = document.querySelectorAll('#response-content-container');
-            if (answers.length <= {before}) return;
-            const n = answers[answers.length - 1].innerText.trim().length, l = window.__hq.lengths;
-            if (n && l[l.length - 1] !== n) l.push(n); }}, 30); }})()""")
+    # Mark the answers already on the page (a chat still rendering after "new chat" or a reload), then sample the
+    # new answer's text from inside the page every 30 ms while it streams.
+    page.evaluate("""(() => { document.querySelectorAll('#response-content-container')
+                                .forEach(e => e.dataset.hqSeen = '1');
+        window.__hq = {lengths: []};
+        window.__hq.timer = setInterval(() => {
+            const fresh = document.querySelectorAll('#response-content-container:not([data-hq-seen])');
+            if (!fresh.length) return;
+            const n = fresh[fresh.length - 1].innerText.trim().length, l = window.__hq.lengths;
+            if (n && l[l.length - 1] !== n) l.push(n); }, 30); })()""")
     page.evaluate("document.querySelector('#chat-input').focus()")
     page.call("Input.insertText", text=prompt)
     wait_for(lambda: page.evaluate("!!document.querySelector('#send-message-button:not([disabled])')"), 30,
@@ -235,17 +237,19 @@ def chat(page, served_model_name: str, prompt: str, timeout_s: float = 180) -> d
     page.evaluate("document.querySelector('#send-message-button').click()")
 
     def finished():
-        state = page.evaluate(f"""(() => {{ const answers = document.querySelectorAll('#response-content-container');
-            const last = answers.length > {before} ? answers[answers.length - 1] : null;
+        state = page.evaluate("""(() => {
+            const fresh = document.querySelectorAll('#response-content-container:not([data-hq-seen])');
+            const last = fresh.length ? fresh[fresh.length - 1] : null;
             const busy = !!document.querySelector('button[aria-label="Stop"]');
-            return {{text: last ? last.innerText.trim() : '', busy}}; }})()""")
+            return {text: last ? last.innerText.trim() : '', busy}; })()""")
         return state if state["text"] and not state["busy"] else None
 
     state = wait_for(finished, timeout_s, "the streamed answer")
     time.sleep(1.0)
     lengths = page.evaluate("clearInterval(window.__hq.timer), window.__hq.lengths")
-    html = page.evaluate("""(() => { const answers = document.querySelectorAll('#response-content-container');
-        return answers[answers.length - 1].innerHTML; })()""")
+    html = page.evaluate("""(() => {
+        const fresh = document.querySelectorAll('#response-content-container:not([data-hq-seen])');
+        return fresh[fresh.length - 1].innerHTML; })()""")
     return {"text": state["text"], "lengths": lengths, "html": html}
 
 
@@ -276,11 +280,12 @@ def test_thinking_off_and_on(open_webui, page, smol_server) -> None:
         on = chat(page, name, "What is the capital of France?")
         # The answer is now reasoning: a collapsed "Thought for N seconds" block, with the text inside it.
         assert on["text"].startswith("Thought for") and "Paris" not in on["text"], on["text"]
-        page.evaluate("""(() => { const answers = document.querySelectorAll('#response-content-container');
-            answers[answers.length - 1].querySelector('button[aria-expanded]').click(); })()""")
+        page.evaluate("""(() => {
+            const a = document.querySelectorAll('#response-content-container:not([data-hq-seen])');
+            a[a.length - 1].querySelector('button[aria-expanded]').click(); })()""")
         expanded = wait_for(lambda: page.evaluate("""(() => { const a = document.querySelectorAll(
-            '#response-content-container'); const t = a[a.length - 1].innerText; return /Paris/.test(t) && t; })()"""),
-            30, "the thinking block to open")
+            '#response-content-container:not([data-hq-seen])'); const t = a[a.length - 1].innerText;
+            return /Paris/.test(t) && t; })()"""), 30, "the thinking block to open")
         assert "Paris" in expanded
     finally:
         requests.post(f"{open_webui.url}/api/v1/models/model/update?id={name}", timeout=60,

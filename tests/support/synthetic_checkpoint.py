@@ -1,4 +1,5 @@
-"""Synthetic checkpoints shaped like Qwen3.8-27B's W4A16 AutoRound build, for tests and the benchmark.
+"""Synthetic checkpoints shaped like Qwen3.8-27B's W4A16 AutoRound build, for tests and the prepare benchmark
+(`PYTHONPATH=tests python -m support.prepare_bench`; importable as `support.synthetic_checkpoint`).
 
 Same tensor names and layouts as the real checkpoint (see vLLM 0.32.0 qwen3_5.py / qwen3_5_mtp.py):
 model.language_model.* (Gated DeltaNet + full-attention layers, W4A16 pack-quantized linears),

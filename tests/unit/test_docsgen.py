@@ -6,7 +6,8 @@ import re
 
 from hyperqwen import docsgen
 from hyperqwen.config.knobs import KNOBS
-from hyperqwen.config.settings import read_env_file, resolve_settings
+from hyperqwen.config.envfile import read_env_file
+from hyperqwen.config.settings import resolve_settings
 
 
 def test_generated_files_are_current():

@@ -7,6 +7,7 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,54 @@ def shared_dir():
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def test_init_creates_and_owns_root_owned_folders_and_the_key(shared_dir):
+    """Docker creates a missing bind-mount folder as root; init (root, CHOWN only) hands it to the user."""
+    needs_root()
+    models, cache = shared_dir / "models", shared_dir / "cache"
+    models.mkdir()
+    (models / "leftover").mkdir()  # e.g. from an earlier root run
+    os.chown(models, 0, 0)
+    env = {"MODELS_DIR": str(models), "XDG_CACHE_HOME": str(cache), "HYPERQWEN_UID": "1000",
+           "HYPERQWEN_GID": "1000", "HYPERQWEN_MODELS_HOST": "./models"}
+    result = entrypoint("init", env=env, cwd=shared_dir)
+    assert result.returncode == 0, result.stderr
+    for path in (models, models / "leftover", cache):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
+    key = models / "api_key.txt"
+    assert key.stat().st_uid == 1000 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert len(key.read_text().strip()) == 48
+    assert "created an API key in ./models/api_key.txt" in result.stderr
+    assert "Traceback" not in result.stderr
+    # Run again: nothing to do, the key is kept.
+    before = key.read_text()
+    assert entrypoint("init", env=env, cwd=shared_dir).returncode == 0
+    assert key.read_text() == before
+
+
+def test_init_with_a_key_in_the_environment_writes_that_key(shared_dir):
+    """The WebUI reads the key through a compose secret, whose file must exist even when .env holds the key."""
+    needs_root()
+    key = "hq-from-env-0123456789abcdef"
+    result = entrypoint("init", env={"MODELS_DIR": str(shared_dir / "m"), "XDG_CACHE_HOME": str(shared_dir / "c"),
+                                     "VLLM_API_KEY": key, "HYPERQWEN_UID": "1000", "HYPERQWEN_GID": "1000"},
+                        cwd=shared_dir)
+    assert result.returncode == 0, result.stderr
+    path = shared_dir / "m" / "api_key.txt"
+    assert path.read_text() == key + "\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert key not in result.stdout + result.stderr, "the key is never printed"
+
+
+def test_init_reports_a_folder_it_cannot_fix_in_one_line(shared_dir):
+    """Not root (rootless Docker, init without its capabilities): the folder stays unwritable; one line, exit 1."""
+    models = shared_dir / "models"
+    unwritable_folder(models)
+    result = run_unprivileged("init", env={"MODELS_DIR": str(models), "XDG_CACHE_HOME": str(shared_dir / "c"),
+                                           "HYPERQWEN_MODELS_HOST": "./models"}, cwd=shared_dir)
+    models.chmod(0o755)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "./models (" in result.stderr and "sudo chown -R" in result.stderr
 
 
 def run_unprivileged(*args, env=None, cwd=None):

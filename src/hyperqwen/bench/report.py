@@ -238,8 +238,9 @@ def _server_lines(environment: dict) -> list[str]:
         ),
         f"- patch series: {', '.join(p['name'].split('-')[0] for p in series) or 'unknown'}",
         (
-            f"- model: {model.get('repo') or environment.get('model') or '?'} @ {model.get('revision') or '?'}; "
-            f"prepared files sha256 {model.get('files_sha256') or '–'}"
+            f"- model: {model.get('repo')} @ {model.get('revision')}; prepared files sha256 {model.get('files_sha256')}"
+            if model.get("manifest")
+            else f"- model: {model.get('path') or '?'} ({model.get('note') or 'no manifest'})"
         ),
     ]
     if environment.get("server_note"):

@@ -248,9 +248,12 @@ def edit_distance(a: str, b: str) -> int:
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """The closest candidate within a small edit distance (1 for short words, 2 for longer), else None."""
     best: tuple[int, str] | None = None
+    upper = word.upper()
     for candidate in candidates:
         limit = 1 if len(candidate) <= 5 else 2
-        distance = edit_distance(word.upper(), candidate.upper())
+        if abs(len(candidate) - len(word)) > limit:  # the distance is at least the length difference
+            continue
+        distance = edit_distance(upper, candidate.upper())
         if distance <= limit and (best is None or distance < best[0]):
             best = (distance, candidate)
     return best[1] if best else None

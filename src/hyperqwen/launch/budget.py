@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from hyperqwen.config.settings import Problem, Settings, SettingsError
 from hyperqwen.launch.command import configured_max_model_len
+
+if TYPE_CHECKING:  # the planner is imported only when a card is there to plan for
+    from hyperqwen.memory import GpuFacts, MemoryBudget
+    from hyperqwen.memory.host import HostFacts
 
 MEMORY_CHECK_HINT = "(`hyperqwen plan` shows the whole budget; if you measured that it fits, MEMORY_CHECK=warn)"
 
@@ -33,7 +38,7 @@ class LaunchBudget:
 
     max_model_len: int
     outcome: BudgetOutcome
-    budget: object | None = None  # hyperqwen.memory.MemoryBudget; typed loosely so --help needs no planner import
+    budget: MemoryBudget | None = None
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
@@ -41,14 +46,14 @@ class LaunchBudget:
         if self.budget is None:
             return f"memory plan: {self.outcome.value}; MAX_LEN={self.max_model_len}"
         b = self.budget
-        gpu = b.gpu  # type: ignore[attr-defined]
-        return (f"memory plan: {self.outcome.value} on {gpu.name} ({gpu.total_bytes / 2**30:.2f} GiB): "
-                f"MAX_LEN={self.max_model_len}, KV pool {b.pool_bytes / 2**30:.2f} GiB "  # type: ignore[attr-defined]
-                f"= {b.pool_tokens:,} tokens, up to {b.max_concurrency} requests at full length")  # type: ignore[attr-defined]
+        return (f"memory plan: {self.outcome.value} on {b.gpu.name} ({b.gpu.total_bytes / 2**30:.2f} GiB): "
+                f"MAX_LEN={self.max_model_len}, KV pool {b.pool_bytes / 2**30:.2f} GiB "
+                f"= {b.pool_tokens:,} tokens, up to {b.max_concurrency} requests at full length")
 
 
-def decide_budget(settings: Settings, gpu: object | None) -> LaunchBudget:
-    """Plan the card and decide MAX_LEN. gpu: a hyperqwen.memory.GpuFacts, or None when there is no GPU.
+def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | None = None) -> LaunchBudget:
+    """Plan the card and decide MAX_LEN. gpu: the card, or None when there is none. host: the host's RAM,
+    checked against RAM_CACHE (None: not checked).
 
     - MEMORY_CHECK=off or no GPU: MAX_LEN as configured, not checked.
     - fits: MAX_LEN as configured.
@@ -66,12 +71,12 @@ def decide_budget(settings: Settings, gpu: object | None) -> LaunchBudget:
     from hyperqwen.memory import CheckpointError, MemoryPlanError, plan_memory
 
     try:
-        budget = plan_memory(settings, gpu)
+        budget = plan_memory(settings, gpu, host=host)
         if budget.fits:
             return LaunchBudget(budget.max_model_len, BudgetOutcome.FITS, budget)
         chosen = budget.largest_fitting_max_len
         if not settings.explicit("MAX_LEN") and chosen:
-            shorter = plan_memory(settings, gpu, max_len=chosen)
+            shorter = plan_memory(settings, gpu, max_len=chosen, host=host)
             if shorter.fits:
                 note = (f"MAX_LEN unset and the default {configured} does not fit; the planner chose MAX_LEN={chosen} "
                         "(set MAX_LEN to choose yourself)")

@@ -133,6 +133,10 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
                        ("GPU_UTIL", "--gpu-memory-utilization"), ("KV_MEM", "--kv-cache-memory-bytes")):
         if settings[knob] is not None:
             args += [flag, str(settings[knob])]
+    if settings["RAM_CACHE"] is not None:
+        # vLLM's native offloading connector takes GiB (config/vllm.py, kv_offloading_size); the planner checked
+        # the host has the RAM (memory/host.py).
+        args += ["--kv-offloading-size", f"{settings['RAM_CACHE'] / 2**30:g}", "--kv-offloading-backend", "native"]
     spec = speculative_config(settings)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
@@ -19,6 +20,10 @@ from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Problem, Settings, SettingsError
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
 from hyperqwen.launch.command import VllmCommand, build_command
+
+if TYPE_CHECKING:
+    from hyperqwen.memory import GpuFacts
+    from hyperqwen.memory.host import HostFacts
 
 # Inside the image the server listens on all interfaces of the container's own network namespace;
 # compose publishes the port on BIND only. Set by the Dockerfile, never by users.
@@ -34,20 +39,30 @@ class Launch:
     command: VllmCommand
 
 
-GpuReader = Callable[[], object | None]
+GpuReader = Callable[[], "GpuFacts | None"]
 
 
-def read_gpu() -> object | None:
+def read_gpu() -> GpuFacts | None:
     """The card vLLM will see (hyperqwen.memory's reader), or None without a GPU."""
     from hyperqwen.memory import read_gpu_facts
 
     return read_gpu_facts()
 
 
-def prepare_launch(settings: Settings, environ: Mapping[str, str], gpu: object | None) -> Launch:
-    """Decide the budget, then build the command from that decision. Pure given `gpu` (no exec, no GPU I/O)."""
+def read_host(settings: Settings) -> HostFacts | None:
+    """This machine's RAM, read only when RAM_CACHE asks for some of it."""
+    if settings["RAM_CACHE"] is None:
+        return None
+    from hyperqwen.memory.host import read_host_facts
+
+    return read_host_facts()
+
+
+def prepare_launch(settings: Settings, environ: Mapping[str, str], gpu: GpuFacts | None,
+                   host: HostFacts | None = None) -> Launch:
+    """Decide the budget, then build the command from that decision. Pure given `gpu` and `host`."""
     api_key = read_api_key(settings)
-    budget = decide_budget(settings, gpu)
+    budget = decide_budget(settings, gpu, host)
     command = build_command(settings, max_model_len=budget.max_model_len, api_key=api_key,
                             listen_host=environ.get(LISTEN_HOST_ENV) or None)
     return Launch(settings, budget, command)
@@ -123,7 +138,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
                 report(model_problems)
                 return 2
         gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
-        launch = prepare_launch(settings, environ, gpu)
+        launch = prepare_launch(settings, environ, gpu, read_host(settings) if gpu is not None else None)
     except SettingsError as exc:
         report(exc.problems)
         print("hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",

@@ -208,7 +208,7 @@ def choose_ids(counts: np.ndarray, n: int, forced: Iterable[int], tie_break: np.
     return np.array(sorted(chosen), dtype=np.int64)
 
 
-# --- plan and write --------------------------------------------------------------------------------------
+# --- choose and write --------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

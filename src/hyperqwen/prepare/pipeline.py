@@ -385,7 +385,7 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
                     )
                 errors[entry.source.name] = round(rel, 9)
             if out.size != spec.size:
-                raise PrepareError(f"internal: wrote {out.size} bytes for {spec.path}, planned {spec.size}")
+                raise PrepareError(f"internal: wrote {out.size} bytes for {spec.path}, expected {spec.size}")
     finally:
         progress.close()
     return out.sha256.hexdigest(), out.size, errors
@@ -705,7 +705,7 @@ def _write_outputs(
                 handle.write(build_header(out.draft.tensors(), out.metadata))
                 write_draft_file(out.draft, handle, on_block=functools.partial(crash_point, f"draft-block:{out.path}"))
                 if handle.size != out.size:
-                    raise PrepareError(f"internal: wrote {handle.size} bytes for {out.path}, planned {out.size}")
+                    raise PrepareError(f"internal: wrote {handle.size} bytes for {out.path}, expected {out.size}")
             sha, size = handle.sha256.hexdigest(), handle.size
             written.append(out.path)
         else:

@@ -207,7 +207,7 @@ def verify_checkpoint(
 ) -> VerifyReport:
     """Everything a server start needs from the files; raises PrepareCheckpointError naming the first problem.
 
-    expected_dtypes: tensor name -> (dtype, shape) that must match exactly (prepare passes its plan).
+    expected_dtypes: tensor name -> (dtype, shape) that must match exactly (prepare passes its step list).
     """
     ckpt = open_checkpoint(directory)
     count = check_index_against_shards(ckpt)
@@ -215,7 +215,7 @@ def verify_checkpoint(
         names = set(ckpt.weight_map)
         if names != set(expected_dtypes):
             diff = sorted(names ^ set(expected_dtypes))
-            raise PrepareCheckpointError(f"{directory}: tensor set differs from the plan, e.g. {diff[0]}")
+            raise PrepareCheckpointError(f"{directory}: tensor set differs from the step list, e.g. {diff[0]}")
         for name, (dtype, shape) in expected_dtypes.items():
             info = ckpt.tensor(name)
             if (info.dtype, info.shape) != (dtype, shape):

@@ -38,10 +38,12 @@ def render_override(groups: Sequence[Sequence[str]], *, tp: int, port: int) -> s
         ]
     urls = " ".join(f"http://{replica_name(i)}:{port}" for i in range(len(groups)))
     # The monitor page of the replicas profile: every replica on one page (`?replica=N` picks the charts).
-    lines += ["  replicas-monitor:", "    extends: {file: compose.yaml, service: monitor}",
-              "    profiles: !override [replicas]",
-              '    command: !override ["hyperqwen", "monitor", "--upstream", '
-              f'"{urls.replace(" ", ",")}"]']
+    lines += [
+        "  replicas-monitor:",
+        "    extends: {file: compose.yaml, service: monitor}",
+        "    profiles: !override [replicas]",
+        f'    command: !override ["hyperqwen", "monitor", "--upstream", "{urls.replace(" ", ",")}"]',
+    ]
     lines += ["  router:", "    environment:", f'      HYPERQWEN_REPLICA_URLS: "{urls}"', "    depends_on:"]
     for index in range(len(groups)):
         # Healthy, not started: the router waits for its workers anyway, and a replica's first boot compiles.

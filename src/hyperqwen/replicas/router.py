@@ -44,7 +44,9 @@ HEALTH_FAILURE_THRESHOLD = 2
 WORKER_STARTUP_TIMEOUT_S = 1800
 
 # Routes the gate forwards (prefixes). Everything else, the router's admin API included, is answered 404 here.
-FORWARDED_PREFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models")
+# vllm-router forwards paths it has no route of its own for to a worker (measured: /v1/messages reaches it), so
+# Anthropic clients (Claude Code) work through the gate too.
+FORWARDED_PREFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/v1/messages")
 OPEN_PATHS = ("/health",)  # like one server: liveness without the key (answered by the router)
 HOP_BY_HOP = frozenset(
     {

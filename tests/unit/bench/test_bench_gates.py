@@ -17,7 +17,8 @@ ENVIRONMENT = {
               "power_limit": "250.00 W"}],
     "platform": "linux",
     "patch_series": {"patches": [{"name": "0001-auth-accept-x-api-key.patch", "sha256": "0" * 64}]},
-    "model": {"repo": "example/model", "revision": "abc123", "files_sha256": "f" * 64},
+    "model": {"manifest": "hyperqwen-manifest.json", "repo": "example/model", "revision": "abc123",
+              "files_sha256": "f" * 64},
     "knobs": {"MODE": "single", "SPEC": "mtp", "VLLM_API_KEY": "****"},
     "live": {"vllm_version": "0.32.0", "torch": "2.9.0", "torch_cuda": "12.8"},
 }

@@ -85,6 +85,12 @@ def test_dflash2_config_points_at_drafter_under_models_dir():
     assert spec == {"method": "dflash", "model": "/models/drafter", "num_speculative_tokens": 7}
 
 
+def test_ngram_is_prompt_lookup_with_the_lookup_block():
+    spec = json.loads(flag_value(command_for({"SPEC": "ngram", "LOOKUP_TOKENS": "15"}).vllm_args,
+                                 "--speculative-config"))
+    assert spec == {"method": "ngram", "num_speculative_tokens": 15, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
 def test_spec_none_has_no_speculative_config():
     assert "--speculative-config" not in command_for({"SPEC": "none"}).vllm_args
 
@@ -159,3 +165,19 @@ def test_any_string_gives_clean_error_or_valid_command(knob_name, raw, mode):
         return
     assert all(isinstance(word, str) and "\x00" not in word for word in command.argv)
     assert command.argv[:3] == ("python3", "-m", VLLM_SERVER_MODULE)
+
+
+def test_ram_cache_maps_to_native_offloading_in_gib():
+    argv = command_for({"RAM_CACHE": "16GiB"}).vllm_args
+    assert flag_value(argv, "--kv-offloading-size") == "16"
+    assert flag_value(argv, "--kv-offloading-backend") == "native"
+    assert "--kv-offloading-size" not in command_for().vllm_args
+
+
+def test_planner_only_term_knobs_never_reach_vllm():
+    from hyperqwen.memory.budget import TERM_KNOBS
+
+    env = {name: "1GiB" for name in TERM_KNOBS}
+    argv = " ".join(command_for(env).vllm_args)
+    for name in TERM_KNOBS:
+        assert name.lower().replace("_", "-") not in argv

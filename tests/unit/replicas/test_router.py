@@ -51,7 +51,7 @@ def test_key_check_bearer_or_x_api_key():
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
-                                  "/v1/responses/resp_1", "/health"])
+                                  "/v1/responses/resp_1", "/v1/messages", "/v1/messages/count_tokens", "/health"])
 def test_inference_routes_pass(path):
     assert allowed(path)
 
