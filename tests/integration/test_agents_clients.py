@@ -68,9 +68,43 @@ PINNED_REPLY = {
 }
 
 
+def bounded(schema):
+    """The schema with every string capped at 16 characters and every array at 2 items: the random-weight model
+    fills an unbounded string until max_tokens (32,000 for Claude Code), a real model ends it."""
+    if isinstance(schema, list):
+        return [bounded(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bounded(value) for key, value in schema.items()}
+    if out.get("type") == "string" and "enum" not in out and "const" not in out:
+        out["maxLength"] = min(int(out.get("maxLength", 16)), 16)
+        out.pop("pattern", None)
+        out.pop("format", None)
+    if out.get("type") == "array":
+        out["maxItems"] = min(int(out.get("maxItems", 2)), 2)
+    return out
+
+
+def bound_tool(tool: dict, name: str) -> dict:
+    """One tool definition (Messages, chat or Responses shape) with its schema bounded if it is `name`."""
+    if tool.get("name") == name and "input_schema" in tool:
+        return {**tool, "input_schema": bounded(tool["input_schema"])}
+    if tool.get("name") == name and "parameters" in tool:
+        return {**tool, "parameters": bounded(tool["parameters"])}
+    function = tool.get("function")
+    if isinstance(function, dict) and function.get("name") == name:
+        return {**tool, "function": {**function, "parameters": bounded(function.get("parameters") or {})}}
+    return tool
+
+
+def forced_name(tool_choice: dict) -> str:
+    return tool_choice.get("name") or tool_choice["function"]["name"]
+
+
 def steer(route: str, has_result=None, tool_choice=None, has_tool=None):
     """The proxy's rewrite for one client: force tool_choice on the first model request that offers the tool
-    (none carries a tool result yet); pin every other model request's reply to REPLY."""
+    (none carries a tool result yet), with that tool's strings bounded; pin every other model request's reply
+    to REPLY."""
     forced: list[bool] = []
 
     def rewrite(path: str, body: dict) -> dict | None:
@@ -78,7 +112,8 @@ def steer(route: str, has_result=None, tool_choice=None, has_tool=None):
             return None
         if tool_choice is not None and not forced and body.get("tools") and has_tool(body) and not has_result(body):
             forced.append(True)
-            return {**body, "tool_choice": tool_choice}
+            tools = [bound_tool(tool, forced_name(tool_choice)) for tool in body["tools"]]
+            return {**body, "tools": tools, "tool_choice": tool_choice}
         changed = {**body, **PINNED_REPLY[route]}
         if route == "/v1/chat/completions" and not body.get("tools"):
             changed.pop("tool_choice")

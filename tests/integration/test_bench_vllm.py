@@ -71,6 +71,7 @@ def test_gates_run_against_the_real_server(smol_server):
     # A 135M model need not copy 50 words exactly; the check itself must have run character by character.
     copy = gates["verbatim_copy"]
     assert copy["expected_chars"] > 250 and ("first_mismatch_at" in copy) != copy["passed"]
+    assert doc["gates"].pop("requests")["passed"]  # every request of the run answered
     assert doc["gates"] == {name: {"passed": value["passed"]} for name, value in gates.items()}
 
 

@@ -152,7 +152,9 @@ KNOBS: tuple[Knob, ...] = (
     # --- speculative decoding -------------------------------------------------------------------
     Knob("SPEC", "choice", "Speculative decoding method.",
          "--speculative-config method (mtp | dflash | ngram)", SPEED, default="none", choices=SPEC_METHODS,
-         tradeoff="mtp uses the model's own MTP head (no extra download); dflash2 needs a drafter (DRAFT); ngram drafts by copying from the prompt and earlier output (quoting, editing, documents; no model); none for max batch throughput.",
+         tradeoff=("mtp uses the model's own MTP head (no extra download); dflash2 needs a drafter (DRAFT); ngram "
+                   "drafts by copying from the prompt and earlier output (quoting, editing, documents; no model); "
+                   "none for max batch throughput."),
          details=("mtp: {\"method\": \"mtp\", \"num_speculative_tokens\": DRAFT_TOKENS}",
                   "dflash2: {\"method\": \"dflash\", \"model\": DRAFT, \"num_speculative_tokens\": DFLASH_TOKENS}",
                   "ngram: {\"method\": \"ngram\", \"num_speculative_tokens\": LOOKUP_TOKENS, \"prompt_lookup_min\": 2, "

@@ -424,7 +424,8 @@ def check_combination(settings: Settings) -> list[Problem]:
     ignored_by_spec = {"DRAFT_TOKENS": "mtp", "DFLASH_TOKENS": "dflash2", "DRAFT": "dflash2", "LOOKUP_TOKENS": "ngram"}
     for name, needs in ignored_by_spec.items():
         if settings.explicit(name) and spec != needs:
-            what = {"mtp": "DRAFT_TOKENS sets the MTP draft count", "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2",
+            what = {"mtp": "DRAFT_TOKENS sets the MTP draft count",
+                    "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2",
                     "ngram": "LOOKUP_TOKENS sets the prompt-lookup block"}
             problems.append(Problem("warning", f"{name} has no effect because SPEC={spec}; {what[needs]}, "
                                     f"used only with SPEC={needs}", name))

@@ -108,6 +108,25 @@ def check_model_dir(settings: Settings) -> list[Problem]:
     return []
 
 
+def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
+    """Before the exec, EXTRA_ARGS also goes through vLLM's own parser, where vLLM is installed (the image).
+
+    The settings check (config/extra_args.py) already refused what it could from a table generated from
+    that parser; this is the parser itself, so a vLLM that parses differently from the table cannot let an
+    owned option or a stray word through. Skipped when EXTRA_ARGS is empty (importing vLLM costs seconds).
+    """
+    if not settings["EXTRA_ARGS"]:
+        return []
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    from hyperqwen.config.extra_args import check_with_vllm_parser
+
+    return [Problem("error", f"EXTRA_ARGS {message}", "EXTRA_ARGS")
+            for message in check_with_vllm_parser(settings["EXTRA_ARGS"])]
+
+
 Exec = Callable[[str, list[str], dict[str, str]], object]
 
 
@@ -153,6 +172,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
         for note in launch.budget.notes:
             print(f"hyperqwen: {note}", file=sys.stderr)
         return 0
+    problems = check_extra_args_with_vllm(settings)
+    if problems:
+        report(problems)
+        print("hyperqwen: nothing was started.", file=sys.stderr)
+        return 2
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
     for note in launch.budget.notes:
         print(f"hyperqwen: {note}", file=sys.stderr)

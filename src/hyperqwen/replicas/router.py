@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import importlib.util
 import os
 import shutil
 import signal
@@ -36,6 +37,8 @@ REPLICA_URLS_ENV = "HYPERQWEN_REPLICA_URLS"
 # The router's own ports, on loopback only (inside the router's container).
 ROUTER_PORT_ENV = "HYPERQWEN_ROUTER_INTERNAL_PORT"
 DEFAULT_ROUTER_PORT = 18028
+# The API key handed to the vllm-router child through its environment (see serve()).
+WORKER_KEY_ENV = "HYPERQWEN_ROUTER_WORKER_KEY"
 # Health checking: vllm-router's defaults (60 s interval, 3 failures) take up to ~3 minutes to drop a dead
 # replica; 5 s x 2 failures drops it within ~10 s (measured in tests/integration/test_replicas_router.py).
 HEALTH_CHECK_INTERVAL_S = 5
@@ -216,7 +219,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             print(f"hyperqwen router: {problem}", file=sys.stderr)
         return 2
     program = shutil.which("vllm-router") or shutil.which("vllm-router", path=os.path.dirname(sys.executable))
-    if program is None:
+    if program is None or importlib.util.find_spec("vllm_router") is None:
         print("hyperqwen router: the vllm-router binary is not installed (pip install vllm-router)", file=sys.stderr)
         return 2
     internal = int(environ.get(ROUTER_PORT_ENV) or DEFAULT_ROUTER_PORT)
@@ -235,7 +238,13 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
     """Start vllm-router as a child, serve the gate until either ends; the child never outlives us."""
     from aiohttp import web
 
-    child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL)
+    # vllm-router's own launcher, run through child_main so the key reaches it from the environment, not argv
+    # (where `ps` would show it): it sends that key to the replicas on the routes it passes through without the
+    # client's headers (measured: /v1/messages); on its typed routes it forwards the client's Authorization.
+    env = {**os.environ, WORKER_KEY_ENV: config.api_key or ""}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "hyperqwen.replicas.router", *argv[1:]], env=env, stdin=subprocess.DEVNULL
+    )
     print(
         f"hyperqwen router: vllm-router pid {child.pid} on 127.0.0.1:{argv[argv.index('--port') + 1]}; gate on "
         f"{config.listen_host}:{config.port} ({'API key required' if config.api_key else 'no API key'})",
@@ -275,6 +284,19 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
     return code
 
 
+def child_main(argv: Sequence[str]) -> int:
+    """Run vllm-router (its own Python launcher) with vllm-router's arguments and, from WORKER_KEY_ENV, the key it
+    presents to the replicas (its --api-key)."""
+    from vllm_router.launch_router import launch_router, parse_router_args
+
+    args = parse_router_args(list(argv))
+    key = os.environ.pop(WORKER_KEY_ENV, "")
+    if key:
+        args.api_key = key
+    launch_router(args)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "router",
@@ -286,3 +308,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--print", action="store_true", help="print the vllm-router command; start nothing")
     add_settings_arguments(parser, mode=False)
     parser.set_defaults(func=run)
+
+
+if __name__ == "__main__":  # the vllm-router child of serve()
+    sys.exit(child_main(sys.argv[1:]))
