@@ -4,9 +4,9 @@ opencode (/v1/chat/completions), each run non-interactively through a recording 
 Per client: one plain turn, and one turn where the proxy forces a tool call on the client's first model request
 (the random-weight test model never calls a tool by itself; the grammar makes the forced call valid), the CLI
 runs the tool and sends its result back: tool_use/tool_result on Messages, function_call/function_call_output on
-Responses, tool_calls/tool on chat. The forced tools are harmless (a file glob, Codex's plan update, opencode's
-todo list). Asserted: the CLI's exit code, the endpoints and status codes the server answered, and that the tool
-result came back to the server.
+Responses, tool_calls/tool on chat. The forced tools are harmless: Claude Code's Read (of a path that does not
+exist), Codex's get_goal, opencode's glob. Asserted: the CLI's exit code, the endpoints and status codes the
+server answered, and that the tool result came back to the server.
 
 The CLIs come from npm, pinned (CLI_PACKAGES); scripts/test.py installs them into .npm-agents/ with
 `npm install --prefix .npm-agents --no-audit --no-fund <pins>`; HYPERQWEN_AGENT_CLIS names another prefix.
@@ -187,7 +187,7 @@ def test_claude_code_tool_use_round_trip(agents_server, tmp_path):
     posts = model_posts_ok(proxy, "/v1/messages")
     forced = [e for e in posts if e.body and e.body.get("tool_choice", {}).get("name") == "Read"]
     assert forced, f"no request was forced: {proxy.summary()}"
-    assert b'"type":"tool_use"' in forced[0].response_bytes.replace(b" ", b"") or b"tool_use" in forced[0].response_bytes
+    assert b'"type":"tool_use"' in forced[0].response_bytes, forced[0].response_bytes[:2000]
     results = [e for e in posts if e.body and _messages_have_tool_result(e.body)]
     assert results, f"the tool_result never came back: {proxy.summary()}\n{explain(result, proxy)}"
 
@@ -204,7 +204,6 @@ def codex_home(tmp_path: Path, proxy: RecordingProxy, server) -> Path:
         f'model = "{server.served_model_name}"\n'
         'model_provider = "hyperqwen"\n'
         "model_context_window = 65536\n"
-        "model_max_output_tokens = 512\n"
         'model_reasoning_effort = "none"\n'
         "[model_providers.hyperqwen]\n"
         'name = "HyperQwen"\n'
@@ -239,8 +238,8 @@ def test_codex_plain_turn(agents_server, tmp_path):
 
 def test_codex_function_call_round_trip(agents_server, tmp_path):
     binary = cli("codex")
-    rewrite = steer("/v1/responses", _responses_have_output, {"type": "function", "name": "update_plan"},
-                    _offers("update_plan"))
+    rewrite = steer("/v1/responses", _responses_have_output, {"type": "function", "name": "get_goal"},
+                    _offers("get_goal"))
     with RecordingProxy(agents_server.base_url, rewrite) as proxy:
         result = _codex(binary, tmp_path, proxy, agents_server, "Make a plan.")
     assert result.returncode == 0, explain(result, proxy)
@@ -302,12 +301,12 @@ def test_opencode_plain_turn(agents_server, tmp_path):
 def test_opencode_tool_calls_round_trip(agents_server, tmp_path):
     binary = cli("opencode")
     rewrite = steer("/v1/chat/completions", _chat_has_tool_message,
-                    {"type": "function", "function": {"name": "todoread"}}, _offers("todoread"))
+                    {"type": "function", "function": {"name": "glob"}}, _offers("glob"))
     with RecordingProxy(agents_server.base_url, rewrite) as proxy:
-        result = _opencode(binary, tmp_path, proxy, agents_server, "Show my todo list.")
+        result = _opencode(binary, tmp_path, proxy, agents_server, "Find the Python files.")
     assert result.returncode == 0, explain(result, proxy)
     posts = model_posts_ok(proxy, "/v1/chat/completions")
     assert any(e.body and isinstance(e.body.get("tool_choice"), dict) for e in posts), (
-        f"no request offered todoread: {[sorted(t['function']['name'] for t in e.body.get('tools', []))[:30] for e in posts if e.body]}")
+        f"no request offered glob: {proxy.summary()}")
     assert any(e.body and _chat_has_tool_message(e.body) for e in posts), (
         f"no tool message came back: {explain(result, proxy)}")

@@ -105,6 +105,7 @@ def test_count_tokens_matches_the_prompt_the_model_sees(smol_server):
     assert counted.input_tokens == _total_input(message.usage) > 5
 
 
+@pytest.mark.needs_patch("0002-auth-guard-every-route.patch")
 def test_head_root_probe_gets_a_prompt_answer(smol_server):
     """Claude Code sends `HEAD /` to warm the connection and ignores the status. With a key configured every
     route but /health and /ping needs it (patch 0002), so the probe gets 401 without a body: harmless, and no

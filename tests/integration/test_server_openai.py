@@ -19,6 +19,15 @@ def test_health_and_models_list_served_name(smol_server):
     assert [m.id for m in models.data] == [smol_server.served_model_name]
 
 
+def test_models_list_tells_clients_the_real_context_window(smol_server):
+    """docs/agents.md tells each agent to use this number (Claude Code CLAUDE_CODE_MAX_CONTEXT_TOKENS, Codex
+    model_context_window, opencode limit.context) so it compacts before the server's limit."""
+    response = requests.get(f"{smol_server.v1_url}/models", timeout=10,
+                            headers={"Authorization": f"Bearer {smol_server.api_key}"})
+    assert response.status_code == 200
+    assert response.json()["data"][0]["max_model_len"] == int(smol_server.knobs["MAX_LEN"])
+
+
 def test_metrics_counters_increase_after_requests(smol_server):
     before = smol_server.metrics()
     assert any(name.startswith("vllm:") for name in before), sorted(before)[:20]

@@ -6,8 +6,9 @@ authentication: `POST /add_worker?url=...` adds a worker, `/remove_worker`, `/fl
 who could add a worker would receive every later prompt together with the users' API keys (the router forwards
 the Authorization header). So the router listens on 127.0.0.1 inside its container only, and the published port
 is this gate: it forwards only the inference routes, and when an API key is configured it refuses a request
-without the key before the router sees it. The router passes the client's Authorization header through, so each
-replica (same key, same api_key.txt) checks it again.
+without the key before the router sees it. On its OpenAI routes the router passes the client's Authorization
+header through, so each replica (same key, same api_key.txt) checks it again; on routes it only passes through
+(/v1/messages) it drops the client's headers and sends its own --api-key, which serve() sets to the same key.
 
 The gate is not a load balancer: every routing decision is the router's.
 """
