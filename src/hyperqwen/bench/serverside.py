@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
-import subprocess
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
@@ -30,30 +28,19 @@ MANIFEST_NAME = "hyperqwen-manifest.json"  # written by `hyperqwen prepare` (pre
 _SMI_FIELDS = ("name", "memory.total", "driver_version", "power.limit", "power.default_limit", "pci.bus_id")
 
 
-def gpu_facts(run: Any = subprocess.run) -> list[dict[str, str]] | None:
-    """Name, memory, driver and power limit of every GPU nvidia-smi lists; None without nvidia-smi."""
-    if shutil.which("nvidia-smi") is None:
-        return None
+def gpu_facts() -> list[dict[str, str]] | None:
+    """Name, memory, driver and power limit of every GPU nvidia-smi lists; None without nvidia-smi.
+
+    Through the one nvidia-smi reader (memory/gpu.py), which imports nothing beyond the standard library.
+    """
+    from hyperqwen.memory.gpu import GpuQueryError, query_nvidia_smi
+
     try:
-        out = run(
-            ["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        rows = query_nvidia_smi(",".join(_SMI_FIELDS), units=True, timeout=20)
+    except GpuQueryError:
         return None
-    if out.returncode != 0:
-        return None
-    gpus = []
-    for line in out.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == len(_SMI_FIELDS):
-            gpus.append(
-                dict(zip(("name", "memory_total", "driver", "power_limit", "power_default_limit", "pci_bus_id"), parts))
-            )
-    return gpus or None
+    keys = ("name", "memory_total", "driver", "power_limit", "power_default_limit", "pci_bus_id")
+    return [dict(zip(keys, row)) for row in rows] or None
 
 
 def platform_kind(proc_version: str | None = None, environ: Mapping[str, str] | None = None) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
 from hyperqwen.launch.command import VllmCommand, build_command
 
@@ -96,6 +96,27 @@ def exec_environment(command: VllmCommand, environ: Mapping[str, str]) -> dict[s
     env = {name: value for name, value in environ.items() if name not in command.unset_env}
     env.update(command.env)
     return env
+
+
+def write_server_environment(launch: Launch, environ: Mapping[str, str]) -> dict[str, str]:
+    """Write the facts the bench's field report reads from the server (GPU, versions, patches, model
+    checksum, the knobs in effect with secrets masked) for the authenticated /hyperqwen/environment route.
+    Returns the variable that tells the route where the file is. Best effort: a failure never blocks a start."""
+    from pathlib import Path
+
+    from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
+
+    path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path())
+    settings = launch.settings
+    if settings["MAX_LEN"] != launch.budget.max_model_len:  # the knobs as they run, MAX_LEN included
+        settings = settings.with_value("MAX_LEN", launch.budget.max_model_len, PLANNER)
+    try:
+        write_environment_file(path, settings, settings.model_path)
+    except (OSError, ValueError) as exc:
+        print(f"hyperqwen: warning: could not write the server environment file {path} ({exc}); the bench's "
+              "field report will lack the server's GPU facts", file=sys.stderr)
+        return {}
+    return {ENVIRONMENT_FILE_ENV: str(path)}
 
 
 def check_model_dir(settings: Settings) -> list[Problem]:
@@ -182,9 +203,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
         print(f"hyperqwen: {note}", file=sys.stderr)
     if launch.budget.outcome is BudgetOutcome.DOES_NOT_FIT:
         print("hyperqwen: starting anyway because MEMORY_CHECK=warn", file=sys.stderr)
+    env = exec_environment(launch.command, environ)
+    env.update(write_server_environment(launch, environ))
     sys.stdout.flush()
     sys.stderr.flush()
-    execve(launch.command.argv[0], list(launch.command.argv), exec_environment(launch.command, environ))
+    execve(launch.command.argv[0], list(launch.command.argv), env)
     return 0  # pragma: no cover - execve does not return
 
 

@@ -114,7 +114,8 @@ def test_print_and_exec_run_the_same_argv(tmp_path, capsys, monkeypatch, case):
 
     monkeypatch.chdir(tmp_path)  # no stray ./.env
     fixtures = Path(__file__).parents[1] / "memory" / "data"
-    environ = {"MODELS_DIR": str(fixtures), "MODEL": "qwen3.8-27b-prepared", "VLLM_API_KEY": KEY}
+    environ = {"MODELS_DIR": str(fixtures), "MODEL": "qwen3.8-27b-prepared", "VLLM_API_KEY": KEY,
+               "HYPERQWEN_ENVIRONMENT_FILE": str(tmp_path / "environment.json")}
     settings = resolve_settings(environ, mode="single")
     gpu = GpuFacts.nominal(80 * GiB)
     if case == "shortened":  # the smallest card on which the 64k default is cut
@@ -132,6 +133,12 @@ def test_print_and_exec_run_the_same_argv(tmp_path, capsys, monkeypatch, case):
         assert max_len == 65536
     assert "memory plan:" in err and KEY not in err
     assert env["VLLM_API_KEY"] == KEY
+    # The facts the bench reads from the server: written before the exec, the knobs as they run, no key.
+    import json
+
+    facts_text = Path(env["HYPERQWEN_ENVIRONMENT_FILE"]).read_text()
+    assert KEY not in facts_text
+    assert str(max_len) in json.dumps(json.loads(facts_text)["knobs"])
 
 
 def test_print_for_a_named_card_shows_what_would_run_there(tmp_path):
