@@ -95,7 +95,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # tests and git out of the build context.
 COPY . /opt/hyperqwen
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install --constraint /opt/hyperqwen-constraints.txt "/opt/hyperqwen[prepare]" \
+    pip install --constraint /opt/hyperqwen-constraints.txt "/opt/hyperqwen[prepare,bench,router]" \
     && install -m 0755 /opt/hyperqwen/verify.sh /usr/local/bin/verify.sh
 ENV HYPERQWEN_PATCHES_DIR=/opt/hyperqwen/patches
 

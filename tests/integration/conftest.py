@@ -13,7 +13,6 @@ Servers (see issue 3; fewest distinct starts that cover every behaviour):
 - tiny_qwen_mtp_server: the same model with SPEC=mtp and prefix caching off.
 - agents_server: the tiny model at MAX_LEN 65536 with a 1 s stream keep-alive: the real coding-agent CLIs (their
   prompts are tens of thousands of tokens) and the keep-alive/long-prefill tests (test_agents_*.py).
-- smol_lookup_server: SmolLM2 with SPEC=ngram (prompt lookup), prefix caching on.
 - recall_mtp_prefix_server: tiny-qwen-recall (a variant whose every prediction needs the previous step's GDN
   state) with SPEC=mtp and prefix caching on, the single-mode default; runs on CPU with patch 0030.
 
@@ -68,8 +67,6 @@ AGENTS_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "1", "MAX_L
 # Long context (test_long_context.py): the tiny Qwen3.5 with prefill in 256-token chunks, to compare with the
 # single-chunk prefill of tiny_qwen_prefix_server (MAX_BATCHED_TOKENS 2048 >= its MAX_LEN).
 TINY_QWEN_CHUNKED_KNOBS = {**TINY_QWEN_PREFIX_KNOBS, "MAX_BATCHED_TOKENS": "256"}
-# Prompt lookup (SPEC=ngram) on SmolLM2, which has no MTP head: drafts copied from the context.
-SMOL_LOOKUP_KNOBS = {**SMOL_KNOBS, "SPEC": "ngram", "LOOKUP_TOKENS": "8"}
 # The single-mode default (MTP + prefix caching) on the state-sensitive recall model (support.testmodels).
 RECALL_MTP_PREFIX_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "1"}
 
@@ -420,14 +417,6 @@ def tiny_qwen_chunked_server(test_models, server_log_dir) -> Iterator[Server]:
 def tiny_qwen_mtp_server(test_models, server_log_dir) -> Iterator[Server]:
     with running_server(
         "tiny-qwen-mtp", test_models["tiny-qwen"], TINY_QWEN_MTP_KNOBS, server_log_dir, "tiny_qwen_mtp_server"
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def smol_lookup_server(test_models, server_log_dir) -> Iterator[Server]:
-    with running_server(
-        "smollm2-lookup", test_models["smollm2"], SMOL_LOOKUP_KNOBS, server_log_dir, "smol_lookup_server"
     ) as server:
         yield server
 

@@ -1,7 +1,7 @@
 """Streams stay alive while a long prompt fills: keep-alive on every streaming route, and the SDKs still parse them.
 
 agents_server runs the tiny model at MAX_LEN 65536 with STREAM_KEEPALIVE=1 (`--sse-keep-alive-interval 1`) and
-2048-token prefill chunks, so a ~60k-token prompt keeps the stream silent for several seconds on the CPU build.
+2048-token prefill chunks, so a ~50k-token prompt keeps the stream silent for several seconds on the CPU build.
 vLLM 0.32.0 sends `: keep-alive` SSE comments on /v1/chat/completions and /v1/completions only; patch 0022 adds
 them to /v1/responses and sends Anthropic `ping` events on /v1/messages (what Anthropic's API sends; Claude Code
 warns after 150 s without a chunk and gives up at 300 s).
@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.server]
 PATCH = "0022-stream-keepalive-messages-responses.patch"
 
 
-def long_prompt(tokens: int = 55_000) -> str:
-    """About `tokens` tokens for the tiny model's tokenizer (SmolLM2's), new each call so no prefix-cache hit
-    shortens the prefill."""
+def long_prompt(tokens: int = 50_000) -> str:
+    """About `tokens` tokens for the tiny model's tokenizer (SmolLM2's: ~8 per entry, measured), new each call so
+    no prefix-cache hit shortens the prefill."""
     salt = secrets.token_hex(8)
-    return f"[{salt}] Read the log and say OK. " + " ".join(f"entry {i} ok." for i in range(tokens // 5))
+    return f"[{salt}] Read the log and say OK. " + " ".join(f"entry {i} ok." for i in range(tokens // 8))
 
 
 def raw_stream(server, path: str, body: dict) -> tuple[list[str], float]:

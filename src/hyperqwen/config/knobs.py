@@ -341,6 +341,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("QUANTIZE_EMBED", "bool", "Also requantize embed_tokens to int8 group-128.", "hyperqwen prepare",
          PREPARE, default=True,
          tradeoff="frees ~1.3 GB of GPU memory; needs patches 0004/0005 (in the image) to load."),
+    Knob("PREPARE_DRAFTER", "choice", "Fetch the DFlash2 drafter (SPEC=dflash2) after the main model: auto = when "
+         "SPEC=dflash2, on = always, off = never.", "hyperqwen prepare: the pinned W4A16 DFlash2 drafter into "
+         "MODELS_DIR", PREPARE, default="auto", choices=("auto", "on", "off"),
+         tradeoff="~1.2 GB more to download; off when you bring your own drafter in DRAFT."),
     Knob("DRAFT_VOCAB", "int", "Give the MTP drafter a draft vocabulary of this many most-used token ids (0 = off).",
          "hyperqwen prepare: mtp.draft_lm_head + mtp.d2t (read by patch 0007)", PREPARE, default=0, min=0,
          max=248320,

@@ -58,9 +58,28 @@ def read_host(settings: Settings) -> HostFacts | None:
     return read_host_facts()
 
 
+def check_model_fit(settings: Settings) -> list[Problem]:
+    """Checks of the model files the settings name, before vLLM would fail on them with a stack trace:
+    TP must divide the model's heads; a DFlash2 drafter must match the target (hidden size, vocabulary)."""
+    from hyperqwen.replicas.cli import check_tp
+
+    problems = check_tp(settings)
+    if settings["SPEC"] == "dflash2" and settings.draft_path is not None and settings.model_path.is_dir():
+        from hyperqwen.spec.drafter import DrafterError, check_drafter
+
+        try:
+            check_drafter(settings.draft_path, settings.model_path)
+        except DrafterError as exc:
+            problems.append(Problem("error", str(exc), "DRAFT"))
+    return problems
+
+
 def prepare_launch(settings: Settings, environ: Mapping[str, str], gpu: GpuFacts | None,
                    host: HostFacts | None = None) -> Launch:
     """Decide the budget, then build the command from that decision. Pure given `gpu` and `host`."""
+    problems = check_model_fit(settings)
+    if problems:
+        raise SettingsError(problems)
     api_key = read_api_key(settings)
     budget = decide_budget(settings, gpu, host)
     command = build_command(settings, max_model_len=budget.max_model_len, api_key=api_key,

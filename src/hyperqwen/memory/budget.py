@@ -513,7 +513,19 @@ def plan_memory(
     max_len: the context length to check (None: what the settings give). terms: replace a measured term
     by knob name (TERM_KNOBS) or an EXTRA_TERMS entry, in bytes. checkpoint: an already-loaded one (tests).
     host: the host's RAM, to check RAM_CACHE against (None: not checked).
+    With TP > 1 the card is planned for one rank: its share of the weights, KV heads and GDN state
+    (memory/parallel.py, vLLM 0.32.0's per-rank split) plus NCCL's buffers on top of the CUDA context.
     """
+    tp = int(settings["TP"])
+    if tp > 1:
+        from hyperqwen.memory.parallel import NCCL_BUFFERS, rank_checkpoint
+
+        if checkpoint is None:
+            checkpoint, _ = load_planning_checkpoint(model_dir or settings.model_path)
+        checkpoint = rank_checkpoint(checkpoint, tp)
+        terms = dict(terms or {})
+        if "CUDA_CONTEXT" not in terms:
+            terms["CUDA_CONTEXT"] = int(settings["CUDA_CONTEXT"] or 0) + NCCL_BUFFERS
     return plan_inputs(
         MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms),
         gpu,

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from hyperqwen.prepare.errors import (
     EXIT_FILESYSTEM,
@@ -94,6 +95,7 @@ def _run(args: argparse.Namespace, log: logging.Logger) -> int:
         from hyperqwen.prepare.pipeline import prepare
 
         result = prepare(options)
+        drafter = _fetch_drafter_if_wanted(args, options, log)
     except PrepareError as exc:
         log.error("%s", exc)
         return exc.exit_code
@@ -106,7 +108,25 @@ def _run(args: argparse.Namespace, log: logging.Logger) -> int:
     for name, err in sorted(result.quant_errors.items()):
         log.info("  %s: relative Frobenius error %.4f%%", name, err * 100)
     log.info("ready: %s (%s)", result.output_dir, "updated" if result.changed else "already up to date")
+    if drafter is not None:
+        log.info("drafter ready: %s (DRAFT=%s)", drafter, drafter.name)
     return EXIT_OK
+
+
+def _fetch_drafter_if_wanted(args: argparse.Namespace, options: Any, log: logging.Logger) -> Path | None:
+    """PREPARE_DRAFTER: auto fetches the DFlash2 drafter when SPEC=dflash2, on always, off never."""
+    import os
+
+    from hyperqwen.config.load import settings_from_args
+
+    settings = settings_from_args(args, os.environ)
+    wanted = settings["PREPARE_DRAFTER"]
+    if wanted == "off" or (wanted == "auto" and settings["SPEC"] != "dflash2"):
+        return None
+    from hyperqwen.prepare.drafter import fetch_drafter
+
+    log.info("fetching the DFlash2 drafter (PREPARE_DRAFTER=%s, SPEC=%s)", wanted, settings["SPEC"])
+    return fetch_drafter(options)
 
 
 def main(argv: list[str] | None = None) -> int:

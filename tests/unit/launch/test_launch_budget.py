@@ -87,3 +87,20 @@ def test_no_gpu_or_check_off_is_not_checked(gpu):
 def test_tiny_card_never_fits_any_length():
     with pytest.raises(SettingsError, match="do not fit"):
         decide_budget(settings_for(), card(8))
+
+
+def test_tensor_parallel_plans_one_rank_of_the_split():
+    """TP=2: each card holds half the weights, KV heads and GDN state, so the same card fits a longer context."""
+    one = plan_memory(settings_for(), card(24))
+    two = plan_memory(settings_for({"TP": "2"}), card(24))
+    assert two.weights["resident"] < one.weights["resident"]
+    assert two.pool_bytes > one.pool_bytes
+    assert decide_budget(settings_for({"TP": "2"}), card(24)).outcome is BudgetOutcome.FITS
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused_before_start(tmp_path):
+    from hyperqwen.launch.serve import prepare_launch
+
+    with pytest.raises(SettingsError) as caught:
+        prepare_launch(settings_for({"TP": "3"}), {}, card(24))
+    assert any(p.knob == "TP" for p in caught.value.problems)
