@@ -27,17 +27,22 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "serve": Command("hyperqwen.launch.serve", "start the vLLM server for a mode (or print/explain what would start)"),
     "plan": Command("hyperqwen.memory.cli", "print the GPU memory budget (weights, KV pool, headroom)"),
-    "prepare": Command("hyperqwen.prepare.cli", "download and requantize the model into the models folder",
-                       "prepare"),
-    "draft-vocab-recount": Command("hyperqwen.prepare.draft_vocab",
-                                   "count the token ids a running server generates, for DRAFT_VOCAB_IDS", "prepare"),
+    "prepare": Command("hyperqwen.prepare.cli", "download and requantize the model into the models folder", "prepare"),
+    "draft-vocab-recount": Command(
+        "hyperqwen.prepare.draft_vocab",
+        "count the token ids a running server generates, for DRAFT_VOCAB_IDS",
+        "prepare",
+    ),
     "verify": Command("hyperqwen.verify", "check the install, the model and (optionally) a running server"),
     "bench": Command("hyperqwen.bench.cli", "benchmark a running server (speed and correctness gates)", "bench"),
     "monitor": Command("hyperqwen.monitor", "serve the live monitor page for a running server", "bench"),
     "patches": Command("hyperqwen.patches", "apply or check the vLLM patch series"),
-    "replicas": Command("hyperqwen.replicas.cli", "check GPUS/TP and write compose.replicas.yaml (one server per card)"),
-    "router": Command("hyperqwen.replicas.router", "serve vllm-router in front of the replicas, behind a key gate",
-                      "router"),
+    "replicas": Command(
+        "hyperqwen.replicas.cli", "check GPUS/TP and write compose.replicas.yaml (one server per card)"
+    ),
+    "router": Command(
+        "hyperqwen.replicas.router", "serve vllm-router in front of the replicas, behind a key gate", "router"
+    ),
     "knobs": Command("hyperqwen.docsgen", "regenerate or check .env.example and docs/knobs.md"),
 }
 
@@ -55,15 +60,19 @@ def _import_command(name: str):
         if missing.split(".")[0] == "hyperqwen":
             raise
         extra = command.extra or "all"
-        print(f"hyperqwen {name}: needs the Python package {missing!r}, which is not installed; "
-              f"install it with: pip install 'hyperqwen[{extra}]'", file=sys.stderr)
+        print(
+            f"hyperqwen {name}: needs the Python package {missing!r}, which is not installed; "
+            f"install it with: pip install 'hyperqwen[{extra}]'",
+            file=sys.stderr,
+        )
         raise MissingExtraError(2) from None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; `only` names the one command whose module is imported (None: none, for --help)."""
-    parser = argparse.ArgumentParser(prog="hyperqwen", allow_abbrev=False,
-                                     description="Serve Qwen3.8-27B on one 24 GB GPU with vLLM.")
+    parser = argparse.ArgumentParser(
+        prog="hyperqwen", allow_abbrev=False, description="Serve Qwen3.8-27B on one 24 GB GPU with vLLM."
+    )
     parser.add_argument("--version", action="version", version=f"hyperqwen {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():

@@ -59,11 +59,14 @@ def render_env_example() -> str:
             single, batch = (default_text(knob, mode, profiles) for mode in MODES)
             both_modes = knob.modes == MODES and knob.name != "MODE"
             if single != batch and knob.name != "MODE":
-                out.append(f"#   default: single={single}, batch={batch}"
-                           + ("; a value here applies to both modes" if both_modes else ""))
+                out.append(
+                    f"#   default: single={single}, batch={batch}"
+                    + ("; a value here applies to both modes" if both_modes else "")
+                )
             if knob.name == "MODE":
-                out.append("#   under compose the profile picks the mode; a MODE here must match it or the server "
-                           "refuses")
+                out.append(
+                    "#   under compose the profile picks the mode; a MODE here must match it or the server refuses"
+                )
             # Where the modes' defaults differ the line is left empty (= each mode's own default), so uncommenting
             # it changes nothing until a value is typed; the comment above says that value applies to both modes.
             differs = single != batch and both_modes
@@ -95,13 +98,17 @@ def render_knobs_doc() -> str:
         "Set them in `.env` (copy `.env.example`), with `docker run -e KNOB=value`, in the environment, or",
         "with `hyperqwen serve --set KNOB=value`. Precedence, lowest first: default < mode profile < `.env`",
         "< environment < `--set`. `hyperqwen serve --explain` shows each final value and where it came from.",
-        "An empty value means unset. A misspelled knob gets a \"did you mean\" warning; a bad value stops the",
+        'An empty value means unset. A misspelled knob gets a "did you mean" warning; a bad value stops the',
         "start with a message naming the knob, the value and what is allowed.",
     ]
     for section in SECTIONS:
-        out += ["", f"## {section}", "",
-                "| knob | single | batch | allowed | maps to | what it does |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "",
+            f"## {section}",
+            "",
+            "| knob | single | batch | allowed | maps to | what it does |",
+            "|---|---|---|---|---|---|",
+        ]
         for knob in (k for k in KNOBS if k.section == section):
             single, batch = (default_text(knob, mode, profiles) for mode in MODES)
             doc = knob.doc + (f" {knob.tradeoff}" if knob.tradeoff else "")

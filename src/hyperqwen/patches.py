@@ -253,18 +253,18 @@ def apply_series(patches: list[Patch], target: Path) -> None:
 # CLI
 
 
-def _resolve_dirs(args: argparse.Namespace, need_target: bool) -> tuple[list[Patch], Path | None]:
-    patches_dir = Path(args.patches_dir) if args.patches_dir else default_patches_dir()
-    patches = read_series(patches_dir)
-    target = None
-    if need_target:
-        target = Path(args.target) if args.target else find_vllm_site_packages()
-    return patches, target
+def _read_patches(args: argparse.Namespace) -> list[Patch]:
+    return read_series(Path(args.patches_dir) if args.patches_dir else default_patches_dir())
+
+
+def _resolve_dirs(args: argparse.Namespace) -> tuple[list[Patch], Path]:
+    """The series and the site-packages folder it applies to."""
+    return _read_patches(args), Path(args.target) if args.target else find_vllm_site_packages()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     try:
-        patches, _ = _resolve_dirs(args, need_target=False)
+        patches = _read_patches(args)
     except PatchError as exc:
         print(f"FAIL {exc}", file=sys.stderr)
         return 1
@@ -277,7 +277,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        patches, target = _resolve_dirs(args, need_target=True)
+        patches, target = _resolve_dirs(args)
         results = check_series(patches, target)
     except PatchError as exc:
         print(f"FAIL {exc}", file=sys.stderr)
@@ -295,7 +295,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     try:
-        patches, target = _resolve_dirs(args, need_target=True)
+        patches, target = _resolve_dirs(args)
         if not patches:
             print(f"PASS the series is empty: nothing to apply to {target}")
             return 0

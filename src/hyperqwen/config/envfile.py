@@ -29,7 +29,7 @@ def read_env_file(path: Path) -> dict[str, str]:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        body = stripped[len("export "):].lstrip() if stripped.startswith("export ") else stripped
+        body = stripped[len("export ") :].lstrip() if stripped.startswith("export ") else stripped
         name, sep, _ = body.partition("=")
         if not sep or not name.strip().isidentifier():
             raise EnvFileError(f"{path}:{lineno}: expected NAME=value, got {stripped[:60]!r}")

@@ -22,10 +22,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, mode: bool = True
     """The settings flags every command that reads knobs takes, with the same meaning everywhere."""
     if mode:
         parser.add_argument("--mode", choices=MODES, help="single or batch (default: MODE, else single)")
-    parser.add_argument("--env-file", metavar="FILE",
-                        help="read knobs from this file (default: ./.env when it exists)")
-    parser.add_argument("--set", action="append", metavar="KNOB=VALUE", default=None,
-                        help="override a knob for this run (repeatable); wins over .env and the environment")
+    parser.add_argument("--env-file", metavar="FILE", help="read knobs from this file (default: ./.env when it exists)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KNOB=VALUE",
+        default=None,
+        help="override a knob for this run (repeatable); wins over .env and the environment",
+    )
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
@@ -44,8 +48,14 @@ def read_env_layer(env_file: str | Path | None) -> tuple[dict[str, str], Path | 
     if env_file is not None:
         path = Path(env_file)
         if not path.is_file():
-            raise SettingsError([Problem("error", f"--env-file {env_file}: no such file; copy .env.example to .env "
-                                         "or leave --env-file out")])
+            raise SettingsError(
+                [
+                    Problem(
+                        "error",
+                        f"--env-file {env_file}: no such file; copy .env.example to .env or leave --env-file out",
+                    )
+                ]
+            )
     elif DEFAULT_ENV_FILE.is_file():
         path = DEFAULT_ENV_FILE
     else:
@@ -56,8 +66,13 @@ def read_env_layer(env_file: str | Path | None) -> tuple[dict[str, str], Path | 
         raise SettingsError([Problem("error", str(exc))]) from None
 
 
-def load_settings(environ: Mapping[str, str], *, mode: str | None = None, env_file: str | Path | None = None,
-                  overrides: Sequence[str] | Mapping[str, str] = ()) -> Settings:
+def load_settings(
+    environ: Mapping[str, str],
+    *,
+    mode: str | None = None,
+    env_file: str | Path | None = None,
+    overrides: Sequence[str] | Mapping[str, str] = (),
+) -> Settings:
     """Resolve every knob from the defaults, the mode profile, the .env file, `environ` and the overrides."""
     env_values, env_path = read_env_layer(env_file)
     pairs = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
@@ -66,5 +81,9 @@ def load_settings(environ: Mapping[str, str], *, mode: str | None = None, env_fi
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """load_settings with the flags `add_settings_arguments` added."""
-    return load_settings(environ, mode=getattr(args, "mode", None), env_file=getattr(args, "env_file", None),
-                         overrides=getattr(args, "set", None) or ())
+    return load_settings(
+        environ,
+        mode=getattr(args, "mode", None),
+        env_file=getattr(args, "env_file", None),
+        overrides=getattr(args, "set", None) or (),
+    )

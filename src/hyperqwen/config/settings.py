@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from hyperqwen.config.sizes import SizeError, parse_size
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
+from hyperqwen.config.sizes import SizeError, parse_size
 
 DEFAULT = "default"
 ENV_FILE = ".env"
@@ -37,7 +37,9 @@ _FALSE = {"0", "false", "no", "off"}
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 
 @dataclass(frozen=True)
@@ -84,30 +86,30 @@ class Settings(Mapping[str, Any]):
     """Typed knob values for one mode, with where each came from."""
 
     mode: str
-    items: Mapping[str, Setting]
+    by_name: Mapping[str, Setting]  # knob name -> its Setting (not `items`: Mapping.items() must stay the method)
     problems: tuple[Problem, ...] = field(default_factory=tuple)
     passthrough_env: Mapping[str, str] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
-        return self.items[name].value
+        return self.by_name[name].value
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.items)
+        return iter(self.by_name)
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.by_name)
 
     def setting(self, name: str) -> Setting:
-        return self.items[name]
+        return self.by_name[name]
 
     def with_value(self, name: str, value: Any, source: str) -> Settings:
         """A copy with one knob replaced (e.g. MAX_LEN chosen by the memory planner)."""
-        items = dict(self.items)
+        items = dict(self.by_name)
         items[name] = Setting(items[name].knob, value, source)
         return Settings(self.mode, items, self.problems, self.passthrough_env)
 
     def explicit(self, name: str) -> bool:
-        return self.items[name].explicit
+        return self.by_name[name].explicit
 
     @property
     def warnings(self) -> tuple[Problem, ...]:
@@ -162,6 +164,7 @@ def format_value(knob: Knob, value: Any) -> str:
 
 
 # --- parsing one value ---------------------------------------------------------------------------
+
 
 class _BadValue(ValueError):
     pass
@@ -229,6 +232,7 @@ def parse_value(knob: Knob, raw: str) -> Any:
 
 # --- did you mean ----------------------------------------------------------------------------------
 
+
 def edit_distance(a: str, b: str) -> int:
     """Optimal string alignment distance (Levenshtein plus adjacent transpositions)."""
     rows = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
@@ -260,18 +264,58 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
 
 
 # Environment names that are near a knob name by accident; never "did you mean" them.
-_COMMON_ENV = frozenset({
-    "PATH", "HOME", "PWD", "OLDPWD", "USER", "SHELL", "TERM", "LANG", "TZ", "CC", "CXX", "CPP", "LD",
-    "HOSTNAME", "MAIL", "EDITOR", "PAGER", "DISPLAY", "SHLVL", "LOGNAME", "TMP", "TEMP", "TMPDIR", "CI", "_",
-})
+_COMMON_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "PWD",
+        "OLDPWD",
+        "USER",
+        "SHELL",
+        "TERM",
+        "LANG",
+        "TZ",
+        "CC",
+        "CXX",
+        "CPP",
+        "LD",
+        "HOSTNAME",
+        "MAIL",
+        "EDITOR",
+        "PAGER",
+        "DISPLAY",
+        "SHLVL",
+        "LOGNAME",
+        "TMP",
+        "TEMP",
+        "TMPDIR",
+        "CI",
+        "_",
+    }
+)
 # Names that legitimately sit beside our knobs in a .env or container environment.
-_PASSTHROUGH_PREFIXES = ("VLLM_", "HF_", "HUGGINGFACE_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH", "NCCL_",
-                         "OMP_", "COMPOSE_", "DOCKER_", "HYPERQWEN_", "TRANSFORMERS_", "TOKENIZERS_")
+_PASSTHROUGH_PREFIXES = (
+    "VLLM_",
+    "HF_",
+    "HUGGINGFACE_",
+    "CUDA_",
+    "NVIDIA_",
+    "PYTORCH_",
+    "TORCH",
+    "NCCL_",
+    "OMP_",
+    "COMPOSE_",
+    "DOCKER_",
+    "HYPERQWEN_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+)
 
 
 # Knobs that name a file or directory (relative ones under MODELS_DIR).
-PATH_KNOBS = tuple(k.name for k in KNOBS if k.kind == "str" and (k.name.endswith(("_DIR", "_FILE"))
-                                                                 or "under MODELS_DIR" in k.doc))
+PATH_KNOBS = tuple(
+    k.name for k in KNOBS if k.kind == "str" and (k.name.endswith(("_DIR", "_FILE")) or "under MODELS_DIR" in k.doc)
+)
 
 
 def _looks_like_ours(name: str) -> str | None:
@@ -286,6 +330,7 @@ def _looks_like_ours(name: str) -> str | None:
 
 
 # --- profiles -------------------------------------------------------------------------------------
+
 
 def profile_path(mode: str) -> Path:
     """Where the mode's profile lives: the repo's single-user/ or batch/, or the copy inside the wheel."""
@@ -321,6 +366,7 @@ def profile_defaults(mode: str, path: Path | None = None) -> dict[str, Any]:
 
 # --- resolution -----------------------------------------------------------------------------------
 
+
 def resolve_settings(
     environ: Mapping[str, str],
     *,
@@ -340,14 +386,23 @@ def resolve_settings(
     overrides = dict(overrides or {})
     problems: list[Problem] = []
 
-    layers: list[tuple[str, Mapping[str, str]]] = [(ENV_FILE, env_file), (ENVIRONMENT, environ),
-                                                   (COMMAND_LINE, overrides)]
+    layers: list[tuple[str, Mapping[str, str]]] = [
+        (ENV_FILE, env_file),
+        (ENVIRONMENT, environ),
+        (COMMAND_LINE, overrides),
+    ]
 
     for name in overrides:
         if name not in KNOBS_BY_NAME:
             hint = did_you_mean(name, KNOBS_BY_NAME)
-            problems.append(Problem("error", f"--set {name}: not a knob" + (
-                f"; did you mean {hint}?" if hint else "; see docs/knobs.md for the list"), name))
+            problems.append(
+                Problem(
+                    "error",
+                    f"--set {name}: not a knob"
+                    + (f"; did you mean {hint}?" if hint else "; see docs/knobs.md for the list"),
+                    name,
+                )
+            )
 
     # The mode decides which profile applies, so it is resolved first.
     if mode is not None:
@@ -376,12 +431,18 @@ def resolve_settings(
             guess = _looks_like_ours(name)
             # A prefix marks another program's variable (VLLM_..., HF_...), unless the knob it is close to has
             # the same prefix: VLLM_APIKEY is a misspelt VLLM_API_KEY, not a vLLM setting.
-            if guess and (not name.startswith(_PASSTHROUGH_PREFIXES)
-                          or any(name.startswith(p) and guess.startswith(p) for p in _PASSTHROUGH_PREFIXES)):
+            if guess and (
+                not name.startswith(_PASSTHROUGH_PREFIXES)
+                or any(name.startswith(p) and guess.startswith(p) for p in _PASSTHROUGH_PREFIXES)
+            ):
                 where = ".env" if source == ENV_FILE else "the environment"
-                problems.append(Problem(
-                    "warning", f"{name} (in {where}) is not a HyperQwen knob and is ignored; did you mean {guess}?",
-                    guess))
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"{name} (in {where}) is not a HyperQwen knob and is ignored; did you mean {guess}?",
+                        guess,
+                    )
+                )
 
     settings = Settings(chosen_mode, items, tuple(problems), passthrough)
     problems.extend(check_combination(settings))
@@ -391,8 +452,13 @@ def resolve_settings(
     return Settings(chosen_mode, items, tuple(problems), passthrough)
 
 
-def _resolve_one(knob: Knob, profile_value: Any, mode: str | None,
-                 layers: list[tuple[str, Mapping[str, str]]], problems: list[Problem]) -> Setting:
+def _resolve_one(
+    knob: Knob,
+    profile_value: Any,
+    mode: str | None,
+    layers: list[tuple[str, Mapping[str, str]]],
+    problems: list[Problem],
+) -> Setting:
     setting = Setting(knob, knob.default, DEFAULT)
     if profile_value is not None:
         setting = Setting(knob, profile_value, profile_source(mode or "single"))
@@ -404,9 +470,12 @@ def _resolve_one(knob: Knob, profile_value: Any, mode: str | None,
             setting = Setting(knob, parse_value(knob, raw), source, raw)
         except _BadValue as exc:
             shown = "****" if knob.secret else repr(raw if len(raw) <= 80 else raw[:77] + "...")
-            where = {ENV_FILE: "in .env", ENVIRONMENT: "in the environment", COMMAND_LINE: "on the command line"}[source]
-            problems.append(Problem(
-                "error", f"{knob.name}={shown} ({where}) {exc}; allowed: {knob.allowed_text()}", knob.name))
+            where = {ENV_FILE: "in .env", ENVIRONMENT: "in the environment", COMMAND_LINE: "on the command line"}[
+                source
+            ]
+            problems.append(
+                Problem("error", f"{knob.name}={shown} ({where}) {exc}; allowed: {knob.allowed_text()}", knob.name)
+            )
     return setting
 
 
@@ -415,27 +484,52 @@ def check_combination(settings: Settings) -> list[Problem]:
     problems: list[Problem] = []
     mode, spec = settings.mode, settings["SPEC"]
 
-    for name, setting in settings.items.items():
+    for name, setting in settings.by_name.items():
         if setting.explicit and mode not in setting.knob.modes:
             other = {"CTX": "in batch mode KV picks the KV dtype and MAX_LEN the context"}
-            problems.append(Problem("warning", f"{name} is ignored in {mode} mode: "
-                                    + other.get(name, f"it applies to {', '.join(setting.knob.modes)} mode"), name))
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{name} is ignored in {mode} mode: "
+                    + other.get(name, f"it applies to {', '.join(setting.knob.modes)} mode"),
+                    name,
+                )
+            )
 
     ignored_by_spec = {"DRAFT_TOKENS": "mtp", "DFLASH_TOKENS": "dflash2", "DRAFT": "dflash2", "LOOKUP_TOKENS": "ngram"}
     for name, needs in ignored_by_spec.items():
         if settings.explicit(name) and spec != needs:
-            what = {"mtp": "DRAFT_TOKENS sets the MTP draft count",
-                    "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2",
-                    "ngram": "LOOKUP_TOKENS sets the prompt-lookup block"}
-            problems.append(Problem("warning", f"{name} has no effect because SPEC={spec}; {what[needs]}, "
-                                    f"used only with SPEC={needs}", name))
+            what = {
+                "mtp": "DRAFT_TOKENS sets the MTP draft count",
+                "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2",
+                "ngram": "LOOKUP_TOKENS sets the prompt-lookup block",
+            }
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{name} has no effect because SPEC={spec}; {what[needs]}, used only with SPEC={needs}",
+                    name,
+                )
+            )
     if spec == "dflash2" and not settings["DRAFT"]:
-        problems.append(Problem("error", "SPEC=dflash2 needs a drafter: set DRAFT to the DFlash2 drafter's directory "
-                                "(relative to MODELS_DIR), or use SPEC=mtp, which needs no extra model", "DRAFT"))
+        problems.append(
+            Problem(
+                "error",
+                "SPEC=dflash2 needs a drafter: set DRAFT to the DFlash2 drafter's directory "
+                "(relative to MODELS_DIR), or use SPEC=mtp, which needs no extra model",
+                "DRAFT",
+            )
+        )
 
     if settings.explicit("KV_MEM") and settings.explicit("GPU_UTIL"):
-        problems.append(Problem("warning", "KV_MEM and GPU_UTIL are both set: KV_MEM pins the KV pool and "
-                                "vLLM then does not size the pool from GPU_UTIL", "KV_MEM"))
+        problems.append(
+            Problem(
+                "warning",
+                "KV_MEM and GPU_UTIL are both set: KV_MEM pins the KV pool and "
+                "vLLM then does not size the pool from GPU_UTIL",
+                "KV_MEM",
+            )
+        )
     if settings.explicit("TOOL_PARSER") and not settings["TOOLS"]:
         problems.append(Problem("warning", "TOOL_PARSER has no effect because TOOLS=false", "TOOL_PARSER"))
 
@@ -446,8 +540,11 @@ def check_combination(settings: Settings) -> list[Problem]:
     if settings["VLLM_API_KEY"]:
         violation = key_policy_violation(settings["VLLM_API_KEY"])
         if violation:
-            problems.append(Problem("error", f"VLLM_API_KEY ({settings.setting('VLLM_API_KEY').source}): "
-                                    f"{violation}", "VLLM_API_KEY"))
+            problems.append(
+                Problem(
+                    "error", f"VLLM_API_KEY ({settings.setting('VLLM_API_KEY').source}): {violation}", "VLLM_API_KEY"
+                )
+            )
     base_ok = not path_problem(Path(settings["MODELS_DIR"]))
     for name in PATH_KNOBS:
         if not settings[name] or (name != "MODELS_DIR" and not base_ok):
@@ -456,20 +553,32 @@ def check_combination(settings: Settings) -> list[Problem]:
         joined = None if own or name == "MODELS_DIR" else path_problem(settings.under_models_dir(settings[name]))
         if own or joined:
             under = f" (under MODELS_DIR {settings['MODELS_DIR'][:60]!r})" if joined else ""
-            problems.append(Problem("error", f"{name} ({settings.setting(name).source}){under}: {own or joined}; "
-                                    "use a shorter path", name))
+            problems.append(
+                Problem(
+                    "error",
+                    f"{name} ({settings.setting(name).source}){under}: {own or joined}; use a shorter path",
+                    name,
+                )
+            )
 
     bind = settings["BIND"]
     if not _valid_host(bind):
-        problems.append(Problem("error", f"BIND={bind!r} is not an IP address or host name; use 127.0.0.1 "
-                                "(this machine only) or 0.0.0.0 (all interfaces)", "BIND"))
+        problems.append(
+            Problem(
+                "error",
+                f"BIND={bind!r} is not an IP address or host name; use 127.0.0.1 "
+                "(this machine only) or 0.0.0.0 (all interfaces)",
+                "BIND",
+            )
+        )
 
     # EXTRA_ARGS read as vLLM's parser reads it (underscores, abbreviations, dotted JSON keys): see extra_args.py.
     from hyperqwen.config.extra_args import builder_flags, check_extra_args
 
     extra_raw = settings.setting("EXTRA_ARGS").raw
-    for message in check_extra_args(settings["EXTRA_ARGS"], extra_raw,
-                                    builder_flags(settings) if settings["EXTRA_ARGS"] else ()):
+    for message in check_extra_args(
+        settings["EXTRA_ARGS"], extra_raw, builder_flags(settings) if settings["EXTRA_ARGS"] else ()
+    ):
         problems.append(Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS"))
     return problems
 

@@ -16,10 +16,20 @@ import re
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
 UNITS: dict[str, int] = {
-    "": 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
-    "k": KiB, "m": MiB, "g": GiB, "t": TiB,
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": TiB,
+    "k": KiB,
+    "m": MiB,
+    "g": GiB,
+    "t": TiB,
 }
 UNIT_RULE = "GB = 10^9 bytes, GiB = 2^30; a bare G (as docker reads it) = GiB"
 EXAMPLES = "5368709120, 5GiB, 5.2G, 512MiB, 6GB"

@@ -46,9 +46,11 @@ class LaunchBudget:
         if self.budget is None:
             return f"memory plan: {self.outcome.value}; MAX_LEN={self.max_model_len}"
         b = self.budget
-        return (f"memory plan: {self.outcome.value} on {b.gpu.name} ({b.gpu.total_bytes / 2**30:.2f} GiB): "
-                f"MAX_LEN={self.max_model_len}, KV pool {b.pool_bytes / 2**30:.2f} GiB "
-                f"= {b.pool_tokens:,} tokens, up to {b.max_concurrency} requests at full length")
+        return (
+            f"memory plan: {self.outcome.value} on {b.gpu.name} ({b.gpu.total_bytes / 2**30:.2f} GiB): "
+            f"MAX_LEN={self.max_model_len}, KV pool {b.pool_bytes / 2**30:.2f} GiB "
+            f"= {b.pool_tokens:,} tokens, up to {b.max_concurrency} requests at full length"
+        )
 
 
 def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | None = None) -> LaunchBudget:
@@ -65,8 +67,9 @@ def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | No
     if settings["MEMORY_CHECK"] == "off":
         return LaunchBudget(configured, BudgetOutcome.NOT_CHECKED, notes=("memory check off (MEMORY_CHECK=off)",))
     if gpu is None:
-        return LaunchBudget(configured, BudgetOutcome.NOT_CHECKED,
-                            notes=("no NVIDIA GPU found (CUDA); memory check skipped",))
+        return LaunchBudget(
+            configured, BudgetOutcome.NOT_CHECKED, notes=("no NVIDIA GPU found (CUDA); memory check skipped",)
+        )
 
     from hyperqwen.memory import CheckpointError, MemoryPlanError, plan_memory
 
@@ -78,13 +81,14 @@ def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | No
         if not settings.explicit("MAX_LEN") and chosen:
             shorter = plan_memory(settings, gpu, max_len=chosen, host=host)
             if shorter.fits:
-                note = (f"MAX_LEN unset and the default {configured} does not fit; the planner chose MAX_LEN={chosen} "
-                        "(set MAX_LEN to choose yourself)")
+                note = (
+                    f"MAX_LEN unset and the default {configured} does not fit; the planner chose MAX_LEN={chosen} "
+                    "(set MAX_LEN to choose yourself)"
+                )
                 return LaunchBudget(chosen, BudgetOutcome.SHORTENED, shorter, (note,))
     except (MemoryPlanError, CheckpointError) as exc:
         raise SettingsError([Problem("error", f"memory check: {exc}", "MEMORY_CHECK")]) from None
-    message = ("memory check: these settings do not fit the GPU.\n" + budget.explain_failure() + "\n"
-               + MEMORY_CHECK_HINT)
+    message = "memory check: these settings do not fit the GPU.\n" + budget.explain_failure() + "\n" + MEMORY_CHECK_HINT
     if settings["MEMORY_CHECK"] == "warn":
         return LaunchBudget(configured, BudgetOutcome.DOES_NOT_FIT, budget, (f"warning: {message}",))
     raise SettingsError([Problem("error", message, "MAX_LEN")])

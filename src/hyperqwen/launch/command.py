@@ -42,8 +42,13 @@ class VllmCommand:
         """The exact command, shell-quoted, one flag per line, secrets masked; what `--print` shows."""
         groups: list[list[str]] = []
         if self.env or self.unset_env:
-            groups.append(["env", *(f"--unset={name}" for name in self.unset_env),
-                           *(f"{name}={value}" for name, value in sorted(self.masked_env().items()))])
+            groups.append(
+                [
+                    "env",
+                    *(f"--unset={name}" for name in self.unset_env),
+                    *(f"{name}={value}" for name, value in sorted(self.masked_env().items())),
+                ]
+            )
         groups.append(list(self.argv[:3]))
         for word in self.argv[3:]:
             if word.startswith("--") or groups[-1][0] in ("env", self.argv[0]):
@@ -57,8 +62,10 @@ class VllmCommand:
         and variables outside the known settings families (a `.env` may pass anything through) are masked."""
         from hyperqwen.config.apikey import shown_in_clear
 
-        return {name: (MASK if name in SECRET_ENV or not shown_in_clear(name) else value)
-                for name, value in self.env.items()}
+        return {
+            name: (MASK if name in SECRET_ENV or not shown_in_clear(name) else value)
+            for name, value in self.env.items()
+        }
 
 
 def configured_max_model_len(settings: Settings) -> int:
@@ -72,19 +79,32 @@ def speculative_config(settings: Settings) -> dict | None:
         return {"method": "mtp", "num_speculative_tokens": settings["DRAFT_TOKENS"]}
     if spec == "dflash2":
         # vLLM recognises a DFlash/DFlash2 drafter by its architecture; the method name is "dflash".
-        return {"method": "dflash", "model": str(settings.under_models_dir(settings["DRAFT"])),
-                "num_speculative_tokens": settings["DFLASH_TOKENS"]}
+        return {
+            "method": "dflash",
+            "model": str(settings.under_models_dir(settings["DRAFT"])),
+            "num_speculative_tokens": settings["DFLASH_TOKENS"],
+        }
     if spec == "ngram":
         # Prompt lookup: the last 5..2 tokens are matched in the prompt and earlier output (longest first) and
         # the LOOKUP_TOKENS that followed the match are proposed. vLLM's default is min = max = 5, which misses
         # repeats shorter than 5 tokens (a judgement, not a measurement yet: the CPU test is still to come).
-        return {"method": "ngram", "num_speculative_tokens": settings["LOOKUP_TOKENS"],
-                "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": settings["LOOKUP_TOKENS"],
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 5,
+        }
     return None
 
 
-def build_command(settings: Settings, *, max_model_len: int | None = None, api_key: str | None,
-                  listen_host: str | None = None, python: str = sys.executable) -> VllmCommand:
+def build_command(
+    settings: Settings,
+    *,
+    max_model_len: int | None = None,
+    api_key: str | None,
+    listen_host: str | None = None,
+    python: str = sys.executable,
+) -> VllmCommand:
     """Settings (+ the decided context length, the API key, the in-container listen address) -> the command.
 
     max_model_len: what the memory step decided (launch/budget.py); None = as configured (tests, docs).
@@ -96,24 +116,38 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
     """
     bind = settings["BIND"]
     if not is_loopback(bind) and not api_key:
-        raise SettingsError([Problem(
-            "error",
-            f"BIND={bind} exposes the API beyond this machine, but no API key is set. Create one with\n"
-            f"    openssl rand -hex 24 > models/api_key.txt\n"
-            f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
-            f"or keep BIND=127.0.0.1.", "BIND")])
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"BIND={bind} exposes the API beyond this machine, but no API key is set. Create one with\n"
+                    f"    openssl rand -hex 24 > models/api_key.txt\n"
+                    f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+                    f"or keep BIND=127.0.0.1.",
+                    "BIND",
+                )
+            ]
+        )
 
     kv_dtype = settings.kv_cache_dtype
     model_len = settings.configured_max_model_len if max_model_len is None else max_model_len
     args: list[str] = [
-        "--model", str(settings.model_path),
-        "--served-model-name", settings["SERVED_MODEL_NAME"],
-        "--host", listen_host or bind,
-        "--port", str(settings["PORT"]),
-        "--dtype", settings["DTYPE"],
-        "--max-model-len", str(model_len),
-        "--kv-cache-dtype", kv_dtype,
-        "--mamba-ssm-cache-dtype", settings["STATE_DTYPE"],
+        "--model",
+        str(settings.model_path),
+        "--served-model-name",
+        settings["SERVED_MODEL_NAME"],
+        "--host",
+        listen_host or bind,
+        "--port",
+        str(settings["PORT"]),
+        "--dtype",
+        settings["DTYPE"],
+        "--max-model-len",
+        str(model_len),
+        "--kv-cache-dtype",
+        kv_dtype,
+        "--mamba-ssm-cache-dtype",
+        settings["STATE_DTYPE"],
         # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
         "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
     ]
@@ -129,8 +163,12 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
         args.append("--enable-scale-out")
     if not settings["VISION"]:
         args.append("--language-model-only")
-    for knob, flag in (("MAX_SEQS", "--max-num-seqs"), ("MAX_BATCHED_TOKENS", "--max-num-batched-tokens"),
-                       ("GPU_UTIL", "--gpu-memory-utilization"), ("KV_MEM", "--kv-cache-memory-bytes")):
+    for knob, flag in (
+        ("MAX_SEQS", "--max-num-seqs"),
+        ("MAX_BATCHED_TOKENS", "--max-num-batched-tokens"),
+        ("GPU_UTIL", "--gpu-memory-utilization"),
+        ("KV_MEM", "--kv-cache-memory-bytes"),
+    ):
         if settings[knob] is not None:
             args += [flag, str(settings[knob])]
     if settings["RAM_CACHE"] is not None:
@@ -144,8 +182,13 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
         # "parameter": a forced call (tool_choice named/required) is grammar-held to the tool's JSON schema,
         # not only its <function=NAME> frame (vllm/tool_parsers/structural_tag_registry.py,
         # resolve_tool_strictness); under tool_choice=auto a started call is held to it too. docs/agents.md.
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"],
-                 "--tool-strict-level", "parameter"]
+        args += [
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            settings["TOOL_PARSER"],
+            "--tool-strict-level",
+            "parameter",
+        ]
     if settings["REASONING_PARSER"] != "none":
         args += ["--reasoning-parser", settings["REASONING_PARSER"]]
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.
@@ -171,5 +214,11 @@ def build_command(settings: Settings, *, max_model_len: int | None = None, api_k
     if settings["HF_TOKEN"]:
         env["HF_TOKEN"] = settings["HF_TOKEN"]
 
-    return VllmCommand(argv=(python, "-m", VLLM_SERVER_MODULE, *args), env=env, unset_env=unset,
-                problems=settings.problems, kv_cache_dtype=kv_dtype, max_model_len=model_len)
+    return VllmCommand(
+        argv=(python, "-m", VLLM_SERVER_MODULE, *args),
+        env=env,
+        unset_env=unset,
+        problems=settings.problems,
+        kv_cache_dtype=kv_dtype,
+        max_model_len=model_len,
+    )

@@ -74,16 +74,18 @@ def check_model_fit(settings: Settings) -> list[Problem]:
     return problems
 
 
-def prepare_launch(settings: Settings, environ: Mapping[str, str], gpu: GpuFacts | None,
-                   host: HostFacts | None = None) -> Launch:
+def prepare_launch(
+    settings: Settings, environ: Mapping[str, str], gpu: GpuFacts | None, host: HostFacts | None = None
+) -> Launch:
     """Decide the budget, then build the command from that decision. Pure given `gpu` and `host`."""
     problems = check_model_fit(settings)
     if problems:
         raise SettingsError(problems)
     api_key = read_api_key(settings)
     budget = decide_budget(settings, gpu, host)
-    command = build_command(settings, max_model_len=budget.max_model_len, api_key=api_key,
-                            listen_host=environ.get(LISTEN_HOST_ENV) or None)
+    command = build_command(
+        settings, max_model_len=budget.max_model_len, api_key=api_key, listen_host=environ.get(LISTEN_HOST_ENV) or None
+    )
     return Launch(settings, budget, command)
 
 
@@ -100,8 +102,12 @@ def explain(launch: Launch) -> str:
     lines = [f"{name:<{widths[0]}}  {value:<{widths[1]}}  {source}" for name, value, source in rows]
     # Where the key comes from (a file path, never the key): VLLM_API_KEY alone says "(unset)" when it is a file.
     lines += ["", f"API key: {describe_api_key(settings)}"]
-    lines += ["", f"KV cache dtype: {launch.command.kv_cache_dtype}; max model length: {launch.command.max_model_len}",
-              launch.budget.summary(), *launch.budget.notes]
+    lines += [
+        "",
+        f"KV cache dtype: {launch.command.kv_cache_dtype}; max model length: {launch.command.max_model_len}",
+        launch.budget.summary(),
+        *launch.budget.notes,
+    ]
     lines += [f"{problem}" for problem in settings.problems]
     return "\n".join(lines)
 
@@ -132,8 +138,11 @@ def write_server_environment(launch: Launch, environ: Mapping[str, str]) -> dict
     try:
         write_environment_file(path, settings, settings.model_path)
     except (OSError, ValueError) as exc:
-        print(f"hyperqwen: warning: could not write the server environment file {path} ({exc}); the bench's "
-              "field report will lack the server's GPU facts", file=sys.stderr)
+        print(
+            f"hyperqwen: warning: could not write the server environment file {path} ({exc}); the bench's "
+            "field report will lack the server's GPU facts",
+            file=sys.stderr,
+        )
         return {}
     return {ENVIRONMENT_FILE_ENV: str(path)}
 
@@ -142,9 +151,15 @@ def check_model_dir(settings: Settings) -> list[Problem]:
     """The model directory must exist and look like a checkpoint before vLLM spends minutes starting."""
     path = settings.model_path
     if not (path / "config.json").is_file():
-        return [Problem("error", f"MODEL={settings['MODEL']}: no checkpoint at {path} (config.json missing). "
-                        "Run `docker compose run --rm prepare` (or `hyperqwen prepare`) to create it, or point MODEL "
-                        "(and MODELS_DIR) at a prepared checkpoint directory.", "MODEL")]
+        return [
+            Problem(
+                "error",
+                f"MODEL={settings['MODEL']}: no checkpoint at {path} (config.json missing). "
+                "Run `docker compose run --rm prepare` (or `hyperqwen prepare`) to create it, or point MODEL "
+                "(and MODELS_DIR) at a prepared checkpoint directory.",
+                "MODEL",
+            )
+        ]
     return []
 
 
@@ -163,22 +178,31 @@ def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
         return []
     from hyperqwen.config.extra_args import check_with_vllm_parser
 
-    return [Problem("error", f"EXTRA_ARGS {message}", "EXTRA_ARGS")
-            for message in check_with_vllm_parser(settings["EXTRA_ARGS"])]
+    return [
+        Problem("error", f"EXTRA_ARGS {message}", "EXTRA_ARGS")
+        for message in check_with_vllm_parser(settings["EXTRA_ARGS"])
+    ]
 
 
 Exec = Callable[[str, list[str], dict[str, str]], object]
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
-        gpu_reader: GpuReader = read_gpu, execve: Exec = os.execve) -> int:
+def run(
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+    *,
+    gpu_reader: GpuReader = read_gpu,
+    execve: Exec = os.execve,
+) -> int:
     """The command. gpu_reader and execve are the two I/O edges, replaceable in tests."""
     environ = os.environ if environ is None else environ
     card = getattr(args, "gpu", None)
     if card and card != "auto":
         if not (args.print or args.explain):
-            print("hyperqwen serve: --gpu plans for a card that is not here; use it with --print or --explain",
-                  file=sys.stderr)
+            print(
+                "hyperqwen serve: --gpu plans for a card that is not here; use it with --print or --explain",
+                file=sys.stderr,
+            )
             return 2
         from hyperqwen.memory import GpuError, parse_gpu
 
@@ -200,8 +224,10 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
         launch = prepare_launch(settings, environ, gpu, read_host(settings) if gpu is not None else None)
     except SettingsError as exc:
         report(exc.problems)
-        print("hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
-              file=sys.stderr)
+        print(
+            "hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
+            file=sys.stderr,
+        )
         return 2
     if args.explain:
         print(explain(launch))
@@ -232,13 +258,19 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "serve", help="start the vLLM server for a mode (or print/explain what would start)",
+        "serve",
+        help="start the vLLM server for a mode (or print/explain what would start)",
         description="Resolve the knobs (defaults < mode profile < .env < environment < --set), decide the memory "
-                    "budget, build the vLLM command once, and print, explain or exec it.")
+        "budget, build the vLLM command once, and print, explain or exec it.",
+    )
     add_settings_arguments(parser)
     parser.add_argument("--print", action="store_true", help="print the exact command and environment; start nothing")
     parser.add_argument("--explain", action="store_true", help="show every setting, its value and its source")
-    parser.add_argument("--gpu", metavar="CARD", default="auto",
-                        help="with --print/--explain: plan for this card instead of the one here, by name "
-                             "(rtx3090, rtx4090, ...) or CUDA total (23.5GiB); default: the card CUDA reports")
+    parser.add_argument(
+        "--gpu",
+        metavar="CARD",
+        default="auto",
+        help="with --print/--explain: plan for this card instead of the one here, by name "
+        "(rtx3090, rtx4090, ...) or CUDA total (23.5GiB); default: the card CUDA reports",
+    )
     parser.set_defaults(func=run)

@@ -138,12 +138,15 @@ def model_shape_from_config(config: Mapping[str, Any], where: str = "config.json
         raise CheckpointError(f"{tw}: layer_types has {len(layer_types)} entries but num_hidden_layers is {n_layers}")
     unknown = sorted(set(layer_types) - {"full_attention", "linear_attention"})
     if unknown:
-        raise CheckpointError(f"{tw}: layer_types holds {unknown}; the planner knows full_attention and "
-                              "linear_attention (Qwen3.5-family hybrid models)")
+        raise CheckpointError(
+            f"{tw}: layer_types holds {unknown}; the planner knows full_attention and "
+            "linear_attention (Qwen3.5-family hybrid models)"
+        )
     heads = int(_need(text, "num_attention_heads", tw))
     hidden = int(_need(text, "hidden_size", tw))
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype")
-                or config.get("dtype") or "bfloat16")
+    dtype = str(
+        text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    )
     return ModelShape(
         model_type=str(config.get("model_type", text.get("model_type", "?"))),
         torch_dtype=dtype,
@@ -185,8 +188,10 @@ class Checkpoint:
 
 def load_checkpoint(model_dir: Path) -> Checkpoint:
     model_dir = Path(model_dir)
-    return Checkpoint(model_shape_from_config(read_config(model_dir), str(model_dir / "config.json")),
-                      tuple(read_checkpoint_tensors(model_dir)))
+    return Checkpoint(
+        model_shape_from_config(read_config(model_dir), str(model_dir / "config.json")),
+        tuple(read_checkpoint_tensors(model_dir)),
+    )
 
 
 @dataclass(frozen=True)

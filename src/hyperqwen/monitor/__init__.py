@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
-    from hyperqwen.monitor.config import load_config
     from hyperqwen.config.settings import SettingsError
+    from hyperqwen.monitor.config import load_config
 
     environ = os.environ if environ is None else environ
     try:
@@ -32,8 +32,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     try:
         return serve(config)
     except OSError as exc:  # port taken, address not on this host, ...
-        print(f"hyperqwen monitor: cannot listen on {config.listen_host}:{config.port}: {exc.strerror or exc}; "
-              "pick another port with --port or MONITOR_PORT", file=sys.stderr)
+        print(
+            f"hyperqwen monitor: cannot listen on {config.listen_host}:{config.port}: {exc.strerror or exc}; "
+            "pick another port with --port or MONITOR_PORT",
+            file=sys.stderr,
+        )
         return 2
 
 
@@ -41,24 +44,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from hyperqwen.config.load import add_settings_arguments
 
     add_settings_arguments(parser)
-    parser.add_argument("--upstream", metavar="URL",
-                        help="base URL of the vLLM server (default: http://127.0.0.1:PORT)")
-    parser.add_argument("--bind", metavar="HOST",
-                        help="address to serve the page on (default: BIND, i.e. 127.0.0.1); beyond loopback "
-                             "the API key is required")
+    parser.add_argument(
+        "--upstream", metavar="URL", help="base URL of the vLLM server (default: http://127.0.0.1:PORT)"
+    )
+    parser.add_argument(
+        "--bind",
+        metavar="HOST",
+        help="address to serve the page on (default: BIND, i.e. 127.0.0.1); beyond loopback the API key is required",
+    )
     parser.add_argument("--port", type=int, metavar="N", help="port of the page (default: MONITOR_PORT, 18021)")
-    parser.add_argument("--interval", type=float, metavar="SECONDS",
-                        help="scrape period (default: MONITOR_INTERVAL, 2)")
-    parser.add_argument("--history", type=int, metavar="SECONDS",
-                        help="history kept for the charts (default: MONITOR_HISTORY, 900)")
-    parser.add_argument("--require-key", action="store_true",
-                        help="ask visitors for the API key even on loopback")
+    parser.add_argument(
+        "--interval", type=float, metavar="SECONDS", help="scrape period (default: MONITOR_INTERVAL, 2)"
+    )
+    parser.add_argument(
+        "--history", type=int, metavar="SECONDS", help="history kept for the charts (default: MONITOR_HISTORY, 900)"
+    )
+    parser.add_argument("--require-key", action="store_true", help="ask visitors for the API key even on loopback")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "monitor", help="serve a live monitoring page for a running server",
+        "monitor",
+        help="serve a live monitoring page for a running server",
         description="Scrape the server's /metrics and serve a page with live charts (tokens/s, TTFT, "
-                    "speculative acceptance, KV use, prefix-cache hits, queue) and recent requests.")
+        "speculative acceptance, KV use, prefix-cache hits, queue) and recent requests.",
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)

@@ -16,6 +16,7 @@ from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_
 # network namespace, while BIND stays the host-side publish address that the exposure check looks at.
 LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 
+
 @dataclass(frozen=True)
 class MonitorConfig:
     upstream: str  # base URL of the vLLM server, e.g. http://127.0.0.1:18020
@@ -41,11 +42,25 @@ class MonitorConfig:
 def check_upstream(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingsError([Problem("error", f"--upstream {url!r} is not an http(s) URL; use the server's base "
-                                     "URL, e.g. http://127.0.0.1:18020 (without /v1 or /metrics)")])
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"--upstream {url!r} is not an http(s) URL; use the server's base "
+                    "URL, e.g. http://127.0.0.1:18020 (without /v1 or /metrics)",
+                )
+            ]
+        )
     if parts.path.rstrip("/") in ("/v1", "/metrics"):
-        raise SettingsError([Problem("error", f"--upstream {url!r}: give the server's base URL without "
-                                     f"{parts.path.rstrip('/')}, e.g. {parts.scheme}://{parts.netloc}")])
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"--upstream {url!r}: give the server's base URL without "
+                    f"{parts.path.rstrip('/')}, e.g. {parts.scheme}://{parts.netloc}",
+                )
+            ]
+        )
     return url.rstrip("/")
 
 
@@ -56,29 +71,51 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     bind = args.bind or settings["BIND"]
     listen_host = args.bind or environ.get(LISTEN_HOST_ENV) or bind
     # A flag, when given, is checked against the same schema entry as its knob.
-    flags = {"MONITOR_PORT": ("--port", args.port), "MONITOR_INTERVAL": ("--interval", args.interval),
-             "MONITOR_HISTORY": ("--history", args.history)}
+    flags = {
+        "MONITOR_PORT": ("--port", args.port),
+        "MONITOR_INTERVAL": ("--interval", args.interval),
+        "MONITOR_HISTORY": ("--history", args.history),
+    }
     for name, (flag, value) in flags.items():
         knob = KNOBS_BY_NAME[name]
         if value is not None and not knob.min <= value <= knob.max:
-            raise SettingsError([Problem("error", f"{flag} {value} is out of range; allowed: {knob.allowed_text()}",
-                                         name)])
+            raise SettingsError(
+                [Problem("error", f"{flag} {value} is out of range; allowed: {knob.allowed_text()}", name)]
+            )
     port, interval, history = (settings[name] if value is None else value for name, (_, value) in flags.items())
     # Several servers (replicas behind a router): comma separated, each checked like one.
-    upstreams = [check_upstream(url.strip()) for url in (args.upstream or f"http://127.0.0.1:{settings['PORT']}")
-                 .split(",") if url.strip()] or [check_upstream("")]
+    upstreams = [
+        check_upstream(url.strip())
+        for url in (args.upstream or f"http://127.0.0.1:{settings['PORT']}").split(",")
+        if url.strip()
+    ] or [check_upstream("")]
     upstream = upstreams[0]
     exposed = not is_loopback(bind)
     if exposed and not api_key:
-        raise SettingsError([Problem(
-            "error",
-            f"BIND={bind} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
-            "    openssl rand -hex 24 > models/api_key.txt\n"
-            f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
-            "or keep BIND=127.0.0.1.", "BIND")])
+        raise SettingsError(
+            [
+                Problem(
+                    "error",
+                    f"BIND={bind} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
+                    "    openssl rand -hex 24 > models/api_key.txt\n"
+                    f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+                    "or keep BIND=127.0.0.1.",
+                    "BIND",
+                )
+            ]
+        )
     if args.require_key and not api_key:
-        raise SettingsError([Problem("error", "--require-key needs an API key: set VLLM_API_KEY or API_KEY_FILE",
-                                     "VLLM_API_KEY")])
-    return MonitorConfig(upstream=upstream, bind=bind, listen_host=listen_host, port=int(port),
-                         interval_s=float(interval), history_s=int(history), api_key=api_key,
-                         require_key=exposed or bool(args.require_key), replicas=tuple(upstreams[1:]))
+        raise SettingsError(
+            [Problem("error", "--require-key needs an API key: set VLLM_API_KEY or API_KEY_FILE", "VLLM_API_KEY")]
+        )
+    return MonitorConfig(
+        upstream=upstream,
+        bind=bind,
+        listen_host=listen_host,
+        port=int(port),
+        interval_s=float(interval),
+        history_s=int(history),
+        api_key=api_key,
+        require_key=exposed or bool(args.require_key),
+        replicas=tuple(upstreams[1:]),
+    )

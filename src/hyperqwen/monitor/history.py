@@ -92,23 +92,28 @@ class Interval:
             end=after.time,
             generation_tokens=_delta(after.generation_tokens, base.generation_tokens) or 0.0,
             prompt_tokens=_delta(after.prompt_tokens, base.prompt_tokens) or 0.0,
-            finished={r: d for r in sorted(reasons)
-                      if (d := _delta(after.finished.get(r, 0.0), base.finished.get(r, 0.0)))},
+            finished={
+                r: d for r in sorted(reasons) if (d := _delta(after.finished.get(r, 0.0), base.finished.get(r, 0.0)))
+            },
             ttft=_hist_delta(after.histogram("ttft"), base.histogram("ttft")),
             e2e=_hist_delta(after.histogram("e2e"), base.histogram("e2e")),
             queue=_hist_delta(after.histogram("queue"), base.histogram("queue")),
             prefill=_hist_delta(after.histogram("prefill"), base.histogram("prefill")),
-            request_prompt_tokens=_hist_delta(after.histogram("request_prompt_tokens"),
-                                              base.histogram("request_prompt_tokens")),
-            request_generation_tokens=_hist_delta(after.histogram("request_generation_tokens"),
-                                                  base.histogram("request_generation_tokens")),
+            request_prompt_tokens=_hist_delta(
+                after.histogram("request_prompt_tokens"), base.histogram("request_prompt_tokens")
+            ),
+            request_generation_tokens=_hist_delta(
+                after.histogram("request_generation_tokens"), base.histogram("request_generation_tokens")
+            ),
             prefix_queries=_delta(after.prefix_queries, base.prefix_queries),
             prefix_hits=_delta(after.prefix_hits, base.prefix_hits),
             spec_drafts=_delta(after.spec_drafts, base.spec_drafts),
             spec_draft_tokens=_delta(after.spec_draft_tokens, base.spec_draft_tokens),
             spec_accepted=_delta(after.spec_accepted, base.spec_accepted),
-            spec_accepted_per_pos={p: _delta(v, base.spec_accepted_per_pos.get(p)) or 0.0
-                                   for p, v in sorted(after.spec_accepted_per_pos.items())},
+            spec_accepted_per_pos={
+                p: _delta(v, base.spec_accepted_per_pos.get(p)) or 0.0
+                for p, v in sorted(after.spec_accepted_per_pos.items())
+            },
             running=after.running,
             waiting=after.waiting,
             kv_usage=after.kv_usage,
@@ -262,17 +267,33 @@ class History:
             "prefix_hit_rate": _ratio(s.prefix_hits, s.prefix_queries),
             "spec_drafts": s.spec_drafts,
             "spec_accepted": s.spec_accepted,
-            "spec_tokens_per_step": (None if not s.spec_drafts or s.spec_accepted is None
-                                     else 1.0 + s.spec_accepted / s.spec_drafts),
-            "spec_per_position": ([s.spec_accepted_per_pos[p] / s.spec_drafts for p in sorted(s.spec_accepted_per_pos)]
-                                  if s.spec_drafts else None),
+            "spec_tokens_per_step": (
+                None if not s.spec_drafts or s.spec_accepted is None else 1.0 + s.spec_accepted / s.spec_drafts
+            ),
+            "spec_per_position": (
+                [s.spec_accepted_per_pos[p] / s.spec_drafts for p in sorted(s.spec_accepted_per_pos)]
+                if s.spec_drafts
+                else None
+            ),
             "ttft_mean_s": _ratio(s.histogram("ttft").sum, s.histogram("ttft").count),
         }
 
     def series(self) -> dict[str, list]:
         """One value per interval, oldest first, for the charts."""
-        out: dict[str, list] = {k: [] for k in ("t", "generation_tps", "prompt_tps", "ttft_s", "kv_usage",
-                                                 "running", "waiting", "prefix_hit_rate", "spec_tokens_per_step")}
+        out: dict[str, list] = {
+            k: []
+            for k in (
+                "t",
+                "generation_tps",
+                "prompt_tps",
+                "ttft_s",
+                "kv_usage",
+                "running",
+                "waiting",
+                "prefix_hit_rate",
+                "spec_tokens_per_step",
+            )
+        }
         for i in self.intervals:
             out["t"].append(i.end)
             out["generation_tps"].append(_ratio(i.generation_tokens, i.seconds))
@@ -283,7 +304,8 @@ class History:
             out["waiting"].append(i.waiting)
             out["prefix_hit_rate"].append(_ratio(i.prefix_hits, i.prefix_queries))
             out["spec_tokens_per_step"].append(
-                None if not i.spec_drafts or i.spec_accepted is None else 1.0 + i.spec_accepted / i.spec_drafts)
+                None if not i.spec_drafts or i.spec_accepted is None else 1.0 + i.spec_accepted / i.spec_drafts
+            )
         return out
 
     def state(self, windows: dict[str, float], now_seconds: float) -> dict[str, Any]:

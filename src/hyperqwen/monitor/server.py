@@ -74,13 +74,15 @@ class Monitor:
         try:
             async with session.get(url, headers=self.upstream_headers()) as response:
                 if response.status in (401, 403):
-                    raise UpstreamError(f"{url} answered {response.status}: the monitor's API key is missing or "
-                                        "differs from the server's (VLLM_API_KEY / API_KEY_FILE)")
+                    raise UpstreamError(
+                        f"{url} answered {response.status}: the monitor's API key is missing or "
+                        "differs from the server's (VLLM_API_KEY / API_KEY_FILE)"
+                    )
                 if response.status != 200:
                     raise UpstreamError(f"{url} answered HTTP {response.status}")
                 text = await response.text()
             scrape = parse_scrape(text, now)
-        except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamError, MetricsFormatError) as exc:
+        except (TimeoutError, aiohttp.ClientError, UpstreamError, MetricsFormatError) as exc:
             message = str(exc) or type(exc).__name__
             if isinstance(exc, asyncio.TimeoutError):
                 message = f"{url}: no answer within {self.scrape_timeout():.0f} s"
@@ -119,9 +121,14 @@ class Monitor:
         windows = {k: v for k, v in WINDOWS_S.items() if v <= max(self.config.history_s, 60)}
         now_window = max(5.0, 1.5 * self.config.interval_s)
         return {
-            "upstream": {"url": self.config.upstream, "up": self.status.up, "error": self.status.error,
-                         "last_success": self.status.last_success, "scrapes": self.status.scrapes,
-                         "failures": self.status.failures},
+            "upstream": {
+                "url": self.config.upstream,
+                "up": self.status.up,
+                "error": self.status.error,
+                "last_success": self.status.last_success,
+                "scrapes": self.status.scrapes,
+                "failures": self.status.failures,
+            },
             "interval_s": self.config.interval_s,
             "history_s": self.config.history_s,
             "now_window_s": now_window,
@@ -163,9 +170,13 @@ def make_app(monitor: Monitor, *, start_scraper: bool = True, replicas: Sequence
             assert config.api_key  # load_config refuses require_key without a key
             if not key_matches(request.headers.get("Authorization"), config.api_key):
                 return web.Response(
-                    status=401, text="401: this monitor needs the API key (as the password; any user name)\n",
-                    headers={"WWW-Authenticate": 'Basic realm="HyperQwen monitor", charset="UTF-8"',
-                             **SECURITY_HEADERS})
+                    status=401,
+                    text="401: this monitor needs the API key (as the password; any user name)\n",
+                    headers={
+                        "WWW-Authenticate": 'Basic realm="HyperQwen monitor", charset="UTF-8"',
+                        **SECURITY_HEADERS,
+                    },
+                )
         response = await handler(request)
         response.headers.update(SECURITY_HEADERS)
         return response
@@ -185,8 +196,9 @@ def make_app(monitor: Monitor, *, start_scraper: bool = True, replicas: Sequence
         state = monitors[index].state()
         if len(monitors) > 1:  # the page lists every replica with its status; the charts are replica `index`'s
             state["replica"] = index
-            state["replicas"] = [{"url": m.config.upstream, "up": m.status.up, "error": m.status.error}
-                                 for m in monitors]
+            state["replicas"] = [
+                {"url": m.config.upstream, "up": m.status.up, "error": m.status.error} for m in monitors
+            ]
         return web.json_response(state)
 
     async def healthz(request: web.Request) -> web.Response:
@@ -199,6 +211,7 @@ def make_app(monitor: Monitor, *, start_scraper: bool = True, replicas: Sequence
     app.router.add_get("/healthz", healthz)
 
     if start_scraper:
+
         async def scraper_ctx(app: web.Application):
             tasks = [asyncio.create_task(m.run_scraper()) for m in monitors]
             yield
@@ -218,8 +231,17 @@ def run(config: MonitorConfig) -> int:
     monitor = monitors[0]
     shown_host = "localhost" if config.listen_host in ("127.0.0.1", "::1") else config.listen_host
     key_note = "the API key is required (Basic auth password or Bearer)" if config.require_key else "no key needed"
-    print(f"hyperqwen monitor: http://{shown_host}:{config.port}/  (upstream {config.upstream}, "
-          f"every {config.interval_s:g} s, {config.history_s} s of history; {key_note})", flush=True)
-    web.run_app(make_app(monitor, replicas=monitors[1:]), host=config.listen_host, port=config.port, print=None,
-                access_log=None, handle_signals=True)
+    print(
+        f"hyperqwen monitor: http://{shown_host}:{config.port}/  (upstream {config.upstream}, "
+        f"every {config.interval_s:g} s, {config.history_s} s of history; {key_note})",
+        flush=True,
+    )
+    web.run_app(
+        make_app(monitor, replicas=monitors[1:]),
+        host=config.listen_host,
+        port=config.port,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
     return 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hyperqwen.config.envfile import EnvFileError, read_env_file
 from hyperqwen.config.load import load_settings

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, MODES
 from hyperqwen.config.settings import (
-    COMMAND_LINE, DEFAULT, ENV_FILE, ENVIRONMENT, SettingsError, did_you_mean, edit_distance, load_profile,
-    profile_defaults, resolve_settings,
+    COMMAND_LINE,
+    DEFAULT,
+    ENV_FILE,
+    ENVIRONMENT,
+    SettingsError,
+    did_you_mean,
+    edit_distance,
+    load_profile,
+    profile_defaults,
+    resolve_settings,
 )
 
 

@@ -6,11 +6,13 @@ import json
 import shlex
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KV_DTYPES
-from hyperqwen.launch.command import VLLM_SERVER_MODULE, build_command
 from hyperqwen.config.settings import SettingsError, resolve_settings
+from hyperqwen.launch.command import VLLM_SERVER_MODULE, build_command
 
 KEY = "sk-test-0123456789abcdef"
 

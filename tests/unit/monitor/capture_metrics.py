@@ -17,8 +17,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "integration"))
 
-import conftest as fixtures  # noqa: E402  (the integration server helpers)
 import requests  # noqa: E402
+
+import conftest as fixtures  # noqa: E402  (the integration server helpers)
 
 PROMPTS = [
     ("Name three colours.", 24),

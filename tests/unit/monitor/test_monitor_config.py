@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hyperqwen.config.settings import SettingsError
 from hyperqwen.monitor import add_arguments, register
 from hyperqwen.monitor.config import load_config
-from hyperqwen.config.settings import SettingsError
 
 KEY = "hq-test-0123456789abcdef0123"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hyperqwen.launch.command import build_command
 from hyperqwen.config.settings import resolve_settings
+from hyperqwen.launch.command import build_command
 
 METRICS_PUBLIC_ENV = "HYPERQWEN_METRICS_PUBLIC"
 

@@ -32,7 +32,6 @@ def tokenizer(tmp_path_factory):
     saved as a Hugging Face tokenizer directory and loaded through vLLM's own get_tokenizer."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
     from vllm.tokenizers import get_tokenizer
 
     bpe = Tokenizer(models.BPE())

@@ -6,7 +6,6 @@ The builders themselves (torch/transformers, ~1 min) run in the integration sess
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 
 from support import testmodels
-
 from support.tools import import_or_missing
 
 jinja2 = import_or_missing("jinja2", "pip install jinja2 (vLLM's requirements bring it)")
