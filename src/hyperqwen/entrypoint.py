@@ -154,7 +154,7 @@ def ensure_api_key(models: Path, uid: int, gid: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write((from_env or secrets.token_hex(24)) + "\n")
+        f.write((from_env or secrets.token_hex(16)) + "\n")
     if os.geteuid() == 0:
         os.chown(path, uid, gid)
     if from_env:

@@ -402,13 +402,13 @@ def check_settings(
         report.warn(
             "api key",
             f"no API key: fine while BIND={dep.bind} (loopback only); create one before exposing "
-            "the API: openssl rand -hex 24 > models/api_key.txt",
+            "the API: openssl rand -hex 16 > models/api_key.txt",
         )
     else:
         report.fail(
             "api key",
             f"BIND={dep.bind} exposes the API beyond this machine but no API key is set; "
-            "create one: openssl rand -hex 24 > models/api_key.txt (or set VLLM_API_KEY)",
+            "create one: openssl rand -hex 16 > models/api_key.txt (or set VLLM_API_KEY)",
         )
     return dep
 

@@ -277,7 +277,7 @@ def test_exposed_without_key_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     code, text = run_cli(["--no-gpu", "--model-dir", str(tmp_path)], {"BIND": "0.0.0.0", "MODELS_DIR": str(tmp_path)})
     assert code == 1
     assert statuses(text, "api") == ["FAIL"] or "FAIL api key" in text
-    assert "openssl rand -hex 24" in text
+    assert "openssl rand -hex 16" in text
 
 
 def test_key_file_is_used_and_never_printed(tmp_path: Path) -> None:

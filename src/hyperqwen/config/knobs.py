@@ -202,7 +202,7 @@ KNOBS: tuple[Knob, ...] = (
         "env VLLM_API_KEY",
         SECURITY,
         default="api_key.txt",
-        tradeoff="create one with: openssl rand -hex 24 > models/api_key.txt",
+        tradeoff="create one with: openssl rand -hex 16 > models/api_key.txt",
     ),
     Knob(
         "METRICS_PUBLIC",

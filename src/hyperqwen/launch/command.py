@@ -121,7 +121,7 @@ def build_command(
                 Problem(
                     "error",
                     f"BIND={bind} exposes the API beyond this machine, but no API key is set. Create one with\n"
-                    f"    openssl rand -hex 24 > models/api_key.txt\n"
+                    f"    openssl rand -hex 16 > models/api_key.txt\n"
                     f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
                     f"or keep BIND=127.0.0.1.",
                     "BIND",

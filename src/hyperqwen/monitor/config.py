@@ -97,7 +97,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
                 Problem(
                     "error",
                     f"BIND={bind} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
-                    "    openssl rand -hex 24 > models/api_key.txt\n"
+                    "    openssl rand -hex 16 > models/api_key.txt\n"
                     f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
                     "or keep BIND=127.0.0.1.",
                     "BIND",

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
                 Problem(
                     "error",
                     f"BIND={settings['BIND']} exposes the router beyond this machine, but "
-                    "no API key is set; create models/api_key.txt (openssl rand -hex 24) or keep "
+                    "no API key is set; create models/api_key.txt (openssl rand -hex 16) or keep "
                     "BIND=127.0.0.1",
                     "BIND",
                 )

@@ -136,7 +136,7 @@ def test_no_key_unsets_an_inherited_one():
 def test_exposed_without_key_refuses_with_how_to_fix():
     with pytest.raises(SettingsError) as caught:
         command_for({"BIND": "0.0.0.0"})
-    assert "openssl rand -hex 24 > models/api_key.txt" in str(caught.value)
+    assert "openssl rand -hex 16 > models/api_key.txt" in str(caught.value)
     assert command_for({"BIND": "0.0.0.0"}, api_key=KEY).argv  # with a key it is fine
 
 

@@ -51,7 +51,7 @@ def test_api_key_file_is_read_and_masked(tmp_path):
 def test_exposed_without_key_refuses_and_starts_nothing(tmp_path):
     result = hyperqwen("serve", "--print", env={"BIND": "0.0.0.0", "MODELS_DIR": str(tmp_path)}, cwd=tmp_path)
     assert result.returncode == 2
-    assert "openssl rand -hex 24 > models/api_key.txt" in result.stderr
+    assert "openssl rand -hex 16 > models/api_key.txt" in result.stderr
     assert "nothing was started" in result.stderr
     assert result.stdout == ""
 
