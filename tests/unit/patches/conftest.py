@@ -1,4 +1,4 @@
-"""Tests of the patch series' contents (issue #5), run against the installed, patched vLLM.
+"""Tests of the patch series' contents, run against the installed, patched vLLM.
 
 The test environment applies patches/series before pytest runs (scripts/test.py); the `needs_patch` marker
 (tests/conftest.py) skips a test, naming the patch, when that patch is not applied exactly.
