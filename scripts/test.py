@@ -96,6 +96,33 @@ def ensure_venv() -> None:
     STAMP.write_text(fingerprint)
 
 
+AGENT_CLIS = ROOT / "requirements" / "agent-clis.txt"
+AGENT_PREFIX = ROOT / ".npm-agents"
+
+
+def ensure_agent_clis() -> None:
+    """The coding-agent CLIs (npm, pinned in requirements/agent-clis.txt) the agent tests run for real.
+
+    Without npm or the npm registry their tests skip and say so; nothing else depends on them.
+    """
+    pins = [line.strip() for line in AGENT_CLIS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    stamp = AGENT_PREFIX / ".hyperqwen-install-stamp"
+    digest = hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == digest:
+        log(f"agent CLIs in {AGENT_PREFIX} are up to date")
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        log("npm not found: the coding-agent CLI tests will skip (install Node.js 20+ to run them)")
+        return
+    command = [npm, "install", "--prefix", str(AGENT_PREFIX), "--no-audit", "--no-fund", "--save-exact", *pins]
+    log("$ " + " ".join(command))
+    if subprocess.run(command, cwd=ROOT).returncode != 0:
+        log("npm install failed (registry unreachable?): the coding-agent CLI tests will skip")
+        return
+    stamp.write_text(digest)
+
+
 def ensure_fast_venv() -> None:
     """The fast tier's environment: the project with its light extras, no vLLM, no torch."""
     stamp = FAST_VENV / ".hyperqwen-install-stamp"
@@ -120,6 +147,7 @@ def main() -> int:
     else:
         ensure_apt_packages()
         ensure_venv()
+        ensure_agent_clis()
         venv, default_paths, tier = VENV, ["tests"], "1"
     log(f"environment ready after {time.monotonic() - started:.0f} s")
     env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", FULL_TIER_ENV: tier}
