@@ -27,8 +27,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.server]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLI_PREFIX = Path(os.environ.get("HYPERQWEN_AGENT_CLIS", REPO_ROOT / ".npm-agents"))
-CLI_PACKAGES = {"claude": "@anthropic-ai/claude-code@2.1.332", "codex": "@openai/codex@0.171.0",
-                "opencode": "opencode-ai@1.18.33"}
+# The pins live once, in requirements/agent-clis.txt (scripts/test.py installs from the same file).
+_PINS = [line.strip() for line in (REPO_ROOT / "requirements" / "agent-clis.txt").read_text().splitlines()
+         if line.strip() and not line.startswith("#")]
+CLI_PACKAGES = {"claude": next(p for p in _PINS if p.startswith("@anthropic-ai/claude-code@")),
+                "codex": next(p for p in _PINS if p.startswith("@openai/codex@")),
+                "opencode": next(p for p in _PINS if p.startswith("opencode-ai@"))}
 CLI_TIMEOUT_S = 420
 
 
