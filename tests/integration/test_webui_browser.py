@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.server]
 
 REPO = Path(__file__).resolve().parents[2]
 WEBUI_VENV = Path(os.environ.get("HYPERQWEN_WEBUI_VENV") or REPO / ".venv-webui")
-ADMIN_EMAIL, ADMIN_PASSWORD = "admin@example.com", "hq-webui-" + secrets.token_hex(8)
+ADMIN_EMAIL = "admin@example.com"
 STARTUP_TIMEOUT_S = 600  # ~90 s on an idle 2-core machine; migrations and imports dominate
 
 
@@ -82,6 +82,11 @@ def webui_env(server, data_dir: Path) -> dict[str, str]:
         "ANONYMIZED_TELEMETRY": "False",
         "DO_NOT_TRACK": "True",
         "WEBUI_AUTH": "True",
+        # As compose.yaml sets them: the admin comes from the environment (password: the API key) and
+        # sign-up is off, so whoever reaches the page first cannot make themselves admin.
+        "WEBUI_ADMIN_EMAIL": ADMIN_EMAIL,
+        "WEBUI_ADMIN_PASSWORD": server.api_key,
+        "ENABLE_SIGNUP": "False",
         # No network for Open WebUI's own downloads (its RAG embedding model); chat does not need them.
         "OFFLINE_MODE": "True",
         "HF_HUB_OFFLINE": "1",
@@ -124,12 +129,15 @@ def open_webui(smol_server, tmp_path_factory) -> Iterator[WebUI]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"Open WebUI did not start:\n{log_path.read_text()[-4000:]}", pytrace=False)
             time.sleep(1)
-        # The first account becomes the admin (as on a fresh compose stack).
+        # Nobody can sign up, not even first: the admin exists already, with the API key as its password.
         signup = requests.post(f"{url}/api/v1/auths/signup", timeout=60,
-                               json={"name": "Admin", "email": ADMIN_EMAIL, "password": ADMIN_PASSWORD})
-        signup.raise_for_status()
-        assert signup.json()["role"] == "admin"
-        token = signup.json()["token"]
+                               json={"name": "Intruder", "email": "intruder@example.com", "password": "x" * 16})
+        assert signup.status_code in (401, 403), signup.text
+        signin = requests.post(f"{url}/api/v1/auths/signin", timeout=60,
+                               json={"email": ADMIN_EMAIL, "password": smol_server.api_key})
+        signin.raise_for_status()
+        assert signin.json()["role"] == "admin"
+        token = signin.json()["token"]
         settings = requests.post(f"{url}/api/v1/models/create", json=model_settings(smol_server.served_model_name,
                                                                                     **BASE_PARAMS),
                                  headers={"Authorization": f"Bearer {token}"}, timeout=60)
@@ -147,7 +155,7 @@ def open_webui(smol_server, tmp_path_factory) -> Iterator[WebUI]:
 
 
 @pytest.fixture(scope="module")
-def page(open_webui, tmp_path_factory):
+def page(open_webui, smol_server, tmp_path_factory):
     """A headless Chromium page logged in through Open WebUI's own sign-in form."""
     from integration.test_monitor_browser import headless_chromium
 
@@ -159,7 +167,7 @@ def page(open_webui, tmp_path_factory):
             Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(el, value);
             el.dispatchEvent(new Event('input', {bubbles: true})); })"""
         page.evaluate(f"{fill}('#email', {json.dumps(ADMIN_EMAIL)})")
-        page.evaluate(f"{fill}('#password', {json.dumps(ADMIN_PASSWORD)})")
+        page.evaluate(f"{fill}('#password', {json.dumps(smol_server.api_key)})")
         page.evaluate("document.querySelector('button[type=submit]').click()")
         wait_for(lambda: page.evaluate("!!localStorage.token && !location.pathname.startsWith('/auth')"), 60,
                  "the sign-in to land on the chat page")

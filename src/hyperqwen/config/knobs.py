@@ -618,6 +618,16 @@ KNOBS: tuple[Knob, ...] = (
         max=65535,
     ),
     Knob(
+        "WEBUI_ADMIN_EMAIL",
+        "str",
+        "The Open WebUI admin's login; its password is the API key. Created on the WebUI's first start, with "
+        "sign-up off, so nobody who reaches the page first can make themselves admin.",
+        "compose: webui WEBUI_ADMIN_EMAIL (password: the API key file), ENABLE_SIGNUP=False",
+        OPERATIONS,
+        default="admin@hyperqwen.local",
+        tradeoff="log in with this address and the key in models/api_key.txt; add users from the admin panel.",
+    ),
+    Knob(
         "SKIP_VERIFY",
         "bool",
         "Start the server without running verify.sh first (container entrypoint).",
