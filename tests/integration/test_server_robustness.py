@@ -99,15 +99,28 @@ def test_unknown_model_is_404_naming_the_model(smol_server):
     assert_still_serving(smol_server)
 
 
-def test_max_tokens_beyond_context_is_400(smol_server):
+@pytest.mark.needs_patch("0020-max-tokens-clamp-to-context.patch")
+def test_max_tokens_beyond_context_is_clamped_not_refused(smol_server):
+    """Agents ask for more output than the context holds (Claude Code: 32,000); the server fills the room left
+    and reports a length stop instead of a 400 (patch 0020)."""
+    max_len = int(smol_server.knobs["MAX_LEN"])
+    reply = smol_server.openai().chat.completions.create(
+        model=smol_server.served_model_name, messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=max_len * 4, temperature=0, extra_body={"min_tokens": 0},
+    )
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= max_len
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert_still_serving(smol_server)
+
+
+def test_prompt_beyond_context_is_400_naming_the_limit(smol_server):
     max_len = int(smol_server.knobs["MAX_LEN"])
     with pytest.raises(openai.BadRequestError) as caught:
         smol_server.openai().chat.completions.create(
-            model=smol_server.served_model_name, messages=[{"role": "user", "content": "Hi"}],
-            max_tokens=max_len * 4,
+            model=smol_server.served_model_name, messages=[{"role": "user", "content": "word " * (max_len + 64)}],
+            max_tokens=8,
         )
-    message = str(caught.value)
-    assert str(max_len) in message, message
+    assert str(max_len) in str(caught.value), str(caught.value)
     assert_still_serving(smol_server)
 
 
