@@ -95,7 +95,7 @@ def test_init_creates_and_owns_root_owned_folders_and_the_key(shared_dir):
         assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
     key = models / "api_key.txt"
     assert key.stat().st_uid == 1000 and stat.S_IMODE(key.stat().st_mode) == 0o600
-    assert len(key.read_text().strip()) == 48
+    assert len(key.read_text().strip()) == 32  # secrets.token_hex(16), like `openssl rand -hex 16`
     assert "created an API key in ./models/api_key.txt" in result.stderr
     assert "Traceback" not in result.stderr
     # Run again: nothing to do, the key is kept.

@@ -423,10 +423,20 @@ def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> l
     """The real parser's verdict on EXTRA_ARGS: owned options it would set, and stray positionals."""
     owned = owned_dests()
     table = option_table()
+    import contextlib
+    import io
+
+    captured = io.StringIO()
     try:
-        dests = dests_set_by_vllm(words, parser)
-    except SystemExit:
-        return ["vLLM's own parser refuses these arguments (its message is above)"]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(captured):
+            dests = dests_set_by_vllm(words, parser)
+    except SystemExit as exc:
+        if exc.code in (0, None):  # --help / --version: vLLM prints it and exits; nothing to refuse
+            return []
+        said = [line for line in captured.getvalue().splitlines() if line.strip()]
+        # Its message, with any value given after '=' masked: a key passed by mistake must not be echoed.
+        message = re.sub(r"=\S+", "=****", said[-1].strip()) if said else ""
+        return ["vLLM's own parser refuses these arguments" + (f": {message}" if message else "")]
     messages = [
         f"sets vLLM's {table.strings_for(d)[-1]}, which HyperQwen sets from {_knob_hint(owned[d])}; "
         f"set {_knob_hint(owned[d])} instead"

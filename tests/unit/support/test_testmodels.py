@@ -208,8 +208,7 @@ def test_cli_reuses_current_models_without_building(tmp_path, capsys, monkeypatc
     for name in testmodels.MODEL_NAMES:
         spec = testmodels.model_spec(name, gguf)
         testmodels.build_atomically(cache, testmodels.DIR_NAMES[name], spec, _write_model)
-    args = _parse(["--out", str(cache)])
-    assert args.func(args) == 0
+    assert testmodels.main(["--out", str(cache)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines == [f"{name}\t{cache / testmodels.DIR_NAMES[name]}" for name in testmodels.MODEL_NAMES]
     stamp = json.loads((cache / "tiny-qwen3.5-mtp" / testmodels.STAMP_FILE).read_text())
