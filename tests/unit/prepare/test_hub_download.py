@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -332,9 +333,22 @@ def test_a_download_killed_three_times_in_new_processes_continues_with_range_req
     )
     kills = (size // 5, size // 2, size * 4 // 5)  # three different byte counts
     partials = []
+    def kill_once_written(holder: dict) -> None:
+        # The hub sends nothing more while this runs; give the child a moment to write what it has read (on a
+        # loaded machine it may lag far behind the socket), so every kill leaves a partial file to resume from.
+        deadline, last, still_since = time.monotonic() + 15, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            have = part.stat().st_size if part.exists() else 0
+            if have != last:
+                last, still_since = have, time.monotonic()
+            elif have > 0 and time.monotonic() - still_since > 0.5:
+                break
+            time.sleep(0.05)
+        os.kill(holder["proc"].pid, signal.SIGKILL)
+
     for offset in kills:
         holder: dict = {}
-        hub.kill_at = (SHARD, offset, lambda holder=holder: os.kill(holder["proc"].pid, signal.SIGKILL))
+        hub.kill_at = (SHARD, offset, lambda holder=holder: kill_once_written(holder))
         holder["proc"] = subprocess.Popen(
             [sys.executable, "-c", CHILD, args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
