@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,35 @@ def ensure_agent_clis() -> None:
     stamp.write_text(digest)
 
 
+WEBUI_VENV = ROOT / ".venv-webui"
+
+
+def ensure_webui_venv() -> None:
+    """Open WebUI, the same release as compose.yaml's image, in a virtualenv of its own (its ~7 GB of
+    dependencies, torch included, must not change vLLM's). tests/integration/test_webui_browser.py drives it in
+    headless Chromium against the CPU server; it skips, naming this step, when the install failed."""
+    if os.environ.get("HYPERQWEN_SKIP_WEBUI") == "1":
+        log("HYPERQWEN_SKIP_WEBUI=1: Open WebUI not installed; its tests skip (CI runs them in a job of their own)")
+        return
+    match = re.search(r"image: ghcr\.io/open-webui/open-webui:v([0-9.]+)", (ROOT / "compose.yaml").read_text())
+    if match is None:
+        log("compose.yaml names no Open WebUI release: the WebUI tests will skip")
+        return
+    pin = f"open-webui=={match.group(1)}"
+    stamp = WEBUI_VENV / ".hyperqwen-install-stamp"
+    if stamp.is_file() and stamp.read_text() == pin:
+        log(f"{pin} in {WEBUI_VENV} is up to date")
+        return
+    if not (WEBUI_VENV / "bin" / "python").exists():
+        run(sys.executable, "-m", "venv", WEBUI_VENV)
+    try:
+        pip(pin, venv=WEBUI_VENV)
+    except subprocess.CalledProcessError:
+        log(f"installing {pin} failed: the WebUI tests will skip")
+        return
+    stamp.write_text(pin)
+
+
 def ensure_fast_venv() -> None:
     """The fast tier's environment: the project with its light extras, no vLLM, no torch."""
     stamp = FAST_VENV / ".hyperqwen-install-stamp"
@@ -148,6 +178,7 @@ def main() -> int:
         ensure_apt_packages()
         ensure_venv()
         ensure_agent_clis()
+        ensure_webui_venv()
         venv, default_paths, tier = VENV, ["tests"], "1"
     log(f"environment ready after {time.monotonic() - started:.0f} s")
     env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", FULL_TIER_ENV: tier}
