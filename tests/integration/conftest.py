@@ -121,6 +121,22 @@ class Server:
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def greedy_token_ids(self, prompt: str | list[int], max_tokens: int, timeout: float = 600) -> list[int]:
+        """Exactly max_tokens greedy token ids from /v1/completions (EOS ignored), for token-for-token checks."""
+        import requests
+
+        response = requests.post(
+            f"{self.v1_url}/completions",
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            json={"model": self.served_model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                  "ignore_eos": True, "return_token_ids": True},
+            timeout=timeout,
+        )
+        response.raise_for_status()
+        token_ids = response.json()["choices"][0]["token_ids"]
+        assert len(token_ids) == max_tokens, (len(token_ids), max_tokens, token_ids)
+        return token_ids
+
     def openai(self, **kwargs):
         import openai
 

@@ -9,7 +9,6 @@ mechanics (where text lands, cache hits, token-for-token equality), never the me
 from __future__ import annotations
 
 import pytest
-import requests
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 
@@ -29,23 +28,7 @@ def chat(server, *, messages=HELLO, max_tokens=16, **extra):
 
 
 def greedy_token_ids(server, prompt: str, max_tokens: int = 24) -> list[int]:
-    response = requests.post(
-        f"{server.v1_url}/completions",
-        headers={"Authorization": f"Bearer {server.api_key}"},
-        json={
-            "model": server.served_model_name,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        },
-        timeout=300,
-    )
-    response.raise_for_status()
-    token_ids = response.json()["choices"][0]["token_ids"]
-    assert len(token_ids) == max_tokens, token_ids
-    return token_ids
+    return server.greedy_token_ids(prompt, max_tokens, timeout=300)
 
 
 # --- thinking ------------------------------------------------------------------------------------------

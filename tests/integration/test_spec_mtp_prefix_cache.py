@@ -60,23 +60,7 @@ def succ(test_models) -> list[int]:
 
 
 def complete(server, prompt: list[int], max_tokens: int) -> list[int]:
-    response = requests.post(
-        f"{server.v1_url}/completions",
-        headers={"Authorization": f"Bearer {server.api_key}"},
-        json={
-            "model": server.served_model_name,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        },
-        timeout=600,
-    )
-    response.raise_for_status()
-    token_ids = response.json()["choices"][0]["token_ids"]
-    assert len(token_ids) == max_tokens, (len(token_ids), max_tokens)
-    return token_ids
+    return server.greedy_token_ids(prompt, max_tokens)
 
 
 def segment_start(name: str, turn: int) -> int:
