@@ -200,15 +200,25 @@ def test_claude_code_tool_use_round_trip(agents_server, tmp_path):
 # Codex CLI -> /v1/responses (wire_api = "responses"; 0.171 refuses "chat")
 
 
+CODEX_CATALOG = REPO_ROOT / "docs" / "agents" / "codex-models.json"
+# What Codex 0.171 prints when its model catalog has no entry for the configured model.
+CODEX_NO_METADATA = "Model metadata for"
+
+
 def codex_home(tmp_path: Path, proxy: RecordingProxy, server) -> Path:
-    """The config.toml docs/agents.md gives (provider + model metadata), pointed at the proxy."""
+    """The config.toml docs/agents.md gives (provider + the model catalog docs/agents/codex-models.json),
+    pointed at the proxy."""
     home = tmp_path / "codex-home"
     home.mkdir()
+    catalog = json.loads(CODEX_CATALOG.read_text())
+    assert [m["slug"] for m in catalog["models"]] == [server.served_model_name]
+    (home / "models.json").write_text(json.dumps(catalog))
     (home / "config.toml").write_text(
         f'model = "{server.served_model_name}"\n'
         'model_provider = "hyperqwen"\n'
         "model_context_window = 65536\n"
         'model_reasoning_effort = "none"\n'
+        f'model_catalog_json = "{home / "models.json"}"\n'
         "[model_providers.hyperqwen]\n"
         'name = "HyperQwen"\n'
         f'base_url = "{proxy.url}/v1"\n'
@@ -237,7 +247,12 @@ def test_codex_plain_turn(agents_server, tmp_path):
     with RecordingProxy(agents_server.base_url, steer("/v1/responses")) as proxy:
         result = _codex(binary, tmp_path, proxy, agents_server, "Say hello.")
     assert result.returncode == 0, explain(result, proxy)
-    model_posts_ok(proxy, "/v1/responses")
+    assert CODEX_NO_METADATA not in result.stdout + result.stderr, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/responses")
+    # The catalog entry keeps the tools Codex 0.171 offers with its fallback metadata (the same set was recorded
+    # without the catalog): exec_command/write_stdin for the shell, the goal tools, view_image, ...
+    offered = {tool.get("name") for e in posts if e.body for tool in e.body.get("tools") or []}
+    assert {"exec_command", "write_stdin", "get_goal"} <= offered, sorted(map(str, offered))
 
 
 def test_codex_function_call_round_trip(agents_server, tmp_path):
