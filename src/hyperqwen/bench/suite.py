@@ -62,6 +62,11 @@ class SuitePlan:
     max_model_len: int | None = None
 
 
+# Haystack sizes of the long-context needles: 128k (CTX=long) and 200k (CTX=huge).
+LONG_NEEDLES = {"needle_128k": 131_072, "needle_200k": 200_000}
+LONG_NEEDLE_DEPTHS = "0.1,0.5,0.9"
+
+
 def _fit(tokens: int, max_len: int | None, reserve: int) -> int:
     """A prompt length that fits the served context with `reserve` tokens left for the output and template."""
     return tokens if max_len is None else max(256, min(tokens, max_len - reserve))
@@ -158,6 +163,21 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
             f"{needle_ctx:,}-token haystack, depths {depths}",
         )
     )
+    # Long-context needles for a server started with CTX=long (128k) or CTX=huge (200k+): run only when the
+    # served context holds the haystack, since each costs minutes of prefill per depth on a 24 GB card.
+    for name, haystack in () if q or max_len is None else LONG_NEEDLES.items():
+        if max_len is not None and max_len >= haystack + 128:
+            steps.append(
+                Step(
+                    name,
+                    "needle",
+                    {"context_tokens": haystack, "depths": LONG_NEEDLE_DEPTHS},
+                    0.0,
+                    None,
+                    len(LONG_NEEDLE_DEPTHS.split(",")),
+                    f"{haystack:,}-token haystack, depths {LONG_NEEDLE_DEPTHS}",
+                )
+            )
     gsm_limit = 5 if q else None
     steps.append(
         Step(

@@ -88,3 +88,14 @@ def test_quick_plan_fits_a_small_context():
     assert by_name["reproduce"].options["context_tokens"] * 2.2 <= 32768
     full = suite.plan(quick=False, max_len=131072)
     assert "100000" in {s.name: s for s in full.steps}["prefill"].options["lengths"]
+
+
+@pytest.mark.parametrize("max_len,expected", [(65536, []), (131072, []), (131072 + 128, ["needle_128k"]),
+                                              (262144, ["needle_128k", "needle_200k"])])
+def test_long_context_needles_run_only_where_the_served_context_holds_them(max_len, expected):
+    steps = [s for s in suite.plan(quick=False, max_len=max_len).steps if s.name.startswith("needle_")]
+    assert [s.name for s in steps] == expected
+    for step in steps:
+        assert step.workload == "needle"
+        assert step.options["context_tokens"] + 128 <= max_len
+    assert not [s for s in suite.plan(quick=True, max_len=262144).steps if s.name.startswith("needle_")]
