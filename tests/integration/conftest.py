@@ -15,6 +15,8 @@ Servers (see issue 3; fewest distinct starts that cover every behaviour):
   prompts are tens of thousands of tokens) and the keep-alive/long-prefill tests (test_agents_*.py).
 - recall_mtp_prefix_server: tiny-qwen-recall (a variant whose every prediction needs the previous step's GDN
   state) with SPEC=mtp and prefix caching on, the single-mode default; runs on CPU with patch 0030.
+- recall_mtp_lookup_server: the same with SPEC=mtp+lookup (patch 0031); smol_lookup_server: SmolLM2 with
+  SPEC=ngram. Drafting from the context (test_spec_context_lookup.py).
 
 Environment overrides: HYPERQWEN_TEST_MODELS (model cache), HYPERQWEN_TEST_SERVER_TIMEOUT (seconds to wait
 for /health, default 600), HYPERQWEN_TEST_LOG_DIR (keep server logs there instead of a temp folder).
@@ -62,13 +64,21 @@ TINY_QWEN_MTP_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", 
 # Coding agents (test_agents_*.py): their prompts are 20-80k tokens (Claude Code: 24 tools, ~76 KB), so the tiny
 # model at a long context; small prefill chunks and a 1 s keep-alive so a CPU prefill is long enough to observe.
 # The tiny model's config says 4096 positions; its random weights do not care, so vLLM is told to allow more.
+# EMBED_ON_HOST rides along (test_embed_on_host.py): the UVA offloader and patch 0065 on the CPU build.
 AGENTS_KNOBS = {"DTYPE": "bfloat16", "SPEC": "none", "PREFIX_CACHE": "1", "MAX_LEN": "65536",
-                "MAX_BATCHED_TOKENS": "2048", "STREAM_KEEPALIVE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+                "MAX_BATCHED_TOKENS": "2048", "STREAM_KEEPALIVE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+                "EMBED_ON_HOST": "1"}
 # Long context (test_long_context.py): the tiny Qwen3.5 with prefill in 256-token chunks, to compare with the
 # single-chunk prefill of tiny_qwen_prefix_server (MAX_BATCHED_TOKENS 2048 >= its MAX_LEN).
-TINY_QWEN_CHUNKED_KNOBS = {**TINY_QWEN_PREFIX_KNOBS, "MAX_BATCHED_TOKENS": "256"}
+# Prefill progress (patch 0060, test_long_context_progress.py) is polled every 20 ms here instead of every 1 s:
+# the 8 chunks of a 1,900-token prompt took 0.3-0.8 s on the CPU build (measured).
+TINY_QWEN_CHUNKED_KNOBS = {**TINY_QWEN_PREFIX_KNOBS, "MAX_BATCHED_TOKENS": "256", "STREAM_PROGRESS": "0.02"}
 # The single-mode default (MTP + prefix caching) on the state-sensitive recall model (support.testmodels).
 RECALL_MTP_PREFIX_KNOBS = {"DTYPE": "bfloat16", "SPEC": "mtp", "DRAFT_TOKENS": "3", "PREFIX_CACHE": "1"}
+# Drafting from the context (test_spec_context_lookup.py): MTP + prompt lookup (patch 0031) with prefix caching on
+# the recall model (an 8-token verify block, 3 of it from the MTP head), and vLLM's plain prompt lookup on SmolLM2.
+RECALL_MTP_LOOKUP_KNOBS = {**RECALL_MTP_PREFIX_KNOBS, "SPEC": "mtp+lookup", "LOOKUP_TOKENS": "8"}
+SMOL_LOOKUP_KNOBS = {**SMOL_KNOBS, "SPEC": "ngram", "LOOKUP_TOKENS": "8"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -443,6 +453,25 @@ def recall_mtp_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
     with running_server(
         "recall-mtp-prefix", test_models["tiny-qwen-recall"], RECALL_MTP_PREFIX_KNOBS, server_log_dir,
         "recall_mtp_prefix_server",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def recall_mtp_lookup_server(test_models, server_log_dir) -> Iterator[Server]:
+    """tiny-qwen-recall with SPEC=mtp+lookup and prefix caching on (needs patches 0030 and 0031)."""
+    with running_server(
+        "recall-mtp-lookup", test_models["tiny-qwen-recall"], RECALL_MTP_LOOKUP_KNOBS, server_log_dir,
+        "recall_mtp_lookup_server",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def smol_lookup_server(test_models, server_log_dir) -> Iterator[Server]:
+    """SmolLM2 with SPEC=ngram (vLLM's prompt lookup); smol_server is its no-speculation reference."""
+    with running_server(
+        "smollm2-lookup", test_models["smollm2"], SMOL_LOOKUP_KNOBS, server_log_dir, "smol_lookup_server"
     ) as server:
         yield server
 

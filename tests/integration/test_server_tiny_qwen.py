@@ -104,6 +104,21 @@ def reference_token_ids(tiny_qwen_prefix_server) -> dict[str, list[int]]:
     return {prompt: greedy_token_ids(tiny_qwen_prefix_server, prompt) for prompt in PROMPTS}
 
 
+def test_no_speculation_output_is_the_successor_chain(tiny_qwen_prefix_server, reference_token_ids):
+    """The planted chain is the no-speculation answer, so other modules (test_spec_dflash2.py) use it as theirs."""
+    from transformers import AutoTokenizer
+
+    from support.testmodels import tiny_qwen_successor
+
+    succ = tiny_qwen_successor(tiny_qwen_prefix_server.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen_prefix_server.model_dir)
+    for prompt, output in reference_token_ids.items():
+        chain = [succ[tokenizer(prompt)["input_ids"][-1]]]
+        while len(chain) < len(output):
+            chain.append(succ[chain[-1]])
+        assert output == chain, prompt
+
+
 def test_mtp_greedy_output_equals_no_speculation(tiny_qwen_mtp_server, reference_token_ids):
     for prompt, expected in reference_token_ids.items():
         assert greedy_token_ids(tiny_qwen_mtp_server, prompt) == expected, prompt

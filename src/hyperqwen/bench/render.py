@@ -196,6 +196,44 @@ def render_results(doc: dict) -> list[str]:
                 ]
             ],
         )
+    if workload == "spec_modes":  # hyperqwen.bench.specmodes: one row per SPEC and workload
+        rows = []
+        for mode in res["modes"]:
+            knobs = ", ".join(f"{k}={v}" for k, v in mode["knobs"].items()) or "–"
+            for name, block in mode["workloads"].items():
+                spec = block.get("spec_decode") or {}
+                tpv, per_pos = _spec(spec)
+                same = mode["identical"][name]
+                rows.append(
+                    [
+                        f"`{mode['spec']}`",
+                        knobs,
+                        name,
+                        num(block["requests"]),
+                        num(block["output_tokens"]),
+                        num(spec.get("drafts"), 0) if spec else "–",
+                        tpv,
+                        per_pos,
+                        num(spec.get("acceptance_rate"), 2) if spec else "–",
+                        f"{same['identical']}/{same['of']}",
+                        num(block.get("output_tok_s")),
+                    ]
+                )
+        headers = [
+            "SPEC",
+            "knobs",
+            "workload",
+            "requests",
+            "output tokens",
+            "verify steps with drafts",
+            "tokens/verify step",
+            "acceptance by position",
+            "acceptance rate",
+            "identical to SPEC=none",
+            "output tok/s (CPU)",
+        ]
+        intro = [res["note"], ""] if res.get("note") else []
+        return intro + [f"Regenerate: `{doc['params'].get('command')}`", ""] + table(headers, rows)
     if workload == "needle":
         rows = [[num(r["depth"], 2), "found" if r["found"] else "MISSED"] for r in res["rows"]]
         # Exact match on a code unique to the run; an echo of the prompt names the decoy too and fails.

@@ -138,12 +138,13 @@ def collect_environment(settings: Any = None, model_dir: Path | None = None) -> 
     }
 
 
-def default_environment_path() -> Path:
+def default_environment_path(port: int | str) -> Path:
     """Where `hyperqwen serve` writes the file unless told otherwise: a private temp folder of this host
-    (the container's /tmp in the image); the file only has to live as long as the server."""
+    (the container's /tmp in the image), one file per port, so servers sharing a host (replicas, test
+    sessions) never report each other's knobs; the file only has to live as long as the server."""
     import tempfile
 
-    return Path(tempfile.gettempdir()) / "hyperqwen" / "environment.json"
+    return Path(tempfile.gettempdir()) / "hyperqwen" / f"environment-{port}.json"
 
 
 def write_environment_file(path: Path, settings: Any = None, model_dir: Path | None = None) -> dict[str, Any]:

@@ -17,6 +17,10 @@ from hyperqwen.config.sizes import UNIT_RULE
 MODES = ("single", "batch")
 
 _MiB, _GiB = 1024**2, 1024**3
+# EMBED_ON_HOST's --cpu-offload-gb: a cap, not an amount. With --cpu-offload-params embed_tokens only the
+# embedding's parameters are eligible, and all of them fit under it (a bf16 table of this model family is
+# 2.4 GiB; the prepared int8 one 1.2 GiB).
+EMBED_OFFLOAD_CAP_GIB = 4
 # Calibrated in docs/memory.md ("Calibration") against the 3090 reference's published KV pools
 # (github.com/syv-ai/qwen38-27b-rtx3090): MTP at GPU_UTIL 0.93 and batch fp8 at 0.972 imply 0.75-0.80 GiB
 # for graphs + non-torch memory once weights and the measured 1.09 GiB activation peak are taken out.
@@ -45,7 +49,9 @@ CTX_PRESETS: dict[str, dict[str, Any]] = {
     "huge": {"kv": "int4", "max_len": 262144},
 }
 
-SPEC_METHODS = ("mtp", "dflash2", "ngram", "none")
+SPEC_METHODS = ("mtp", "dflash2", "ngram", "mtp+lookup", "none")
+# The SPEC values that draft with the checkpoint's own MTP head (its layers, weights and KV in the plan).
+MTP_SPEC_METHODS = ("mtp", "mtp+lookup")
 
 
 @dataclass(frozen=True)
@@ -217,26 +223,30 @@ KNOBS: tuple[Knob, ...] = (
         "SPEC",
         "choice",
         "Speculative decoding method.",
-        "--speculative-config method (mtp | dflash | ngram)",
+        "--speculative-config method (mtp | dflash | ngram; mtp+lookup: mtp with context_lookup, patch 0031)",
         SPEED,
         default="none",
         choices=SPEC_METHODS,
         tradeoff=(
             "mtp uses the model's own MTP head (no extra download); dflash2 needs a drafter (DRAFT); ngram "
             "drafts by copying from the prompt and earlier output (quoting, editing, documents; no model); "
-            "none for max batch throughput."
+            "mtp+lookup fills the verify block from such a copy when the context has one and from the MTP head "
+            "otherwise (turns vLLM's async scheduling off); none for max batch throughput."
         ),
         details=(
             'mtp: {"method": "mtp", "num_speculative_tokens": DRAFT_TOKENS}',
             'dflash2: {"method": "dflash", "model": DRAFT, "num_speculative_tokens": DFLASH_TOKENS}',
             'ngram: {"method": "ngram", "num_speculative_tokens": LOOKUP_TOKENS, "prompt_lookup_min": 2, '
             '"prompt_lookup_max": 5}',
+            'mtp+lookup: {"method": "mtp", "num_speculative_tokens": max(DRAFT_TOKENS, LOOKUP_TOKENS), '
+            '"context_lookup": true, "context_lookup_min": 2, "context_lookup_max": 5, '
+            '"context_drafter_tokens": DRAFT_TOKENS}',
         ),
     ),
     Knob(
         "DRAFT_TOKENS",
         "int",
-        "Tokens the MTP head drafts per step (SPEC=mtp).",
+        "Tokens the MTP head drafts per step (SPEC=mtp, mtp+lookup).",
         "--speculative-config num_speculative_tokens",
         SPEED,
         default=3,
@@ -266,7 +276,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "LOOKUP_TOKENS",
         "int",
-        "Tokens prompt lookup copies per step from a match in the context (SPEC=ngram).",
+        "Tokens prompt lookup copies per step from a match in the context (SPEC=ngram); with SPEC=mtp+lookup "
+        "the verify block (at least DRAFT_TOKENS).",
         "--speculative-config num_speculative_tokens",
         SPEED,
         default=8,
@@ -480,6 +491,22 @@ KNOBS: tuple[Knob, ...] = (
         ),
     ),
     Knob(
+        "EMBED_ON_HOST",
+        "bool",
+        "Hold the embedding table (embed_tokens) in pinned host memory, read by the GPU through unified "
+        "addressing (UVA); its GPU bytes go to the KV pool.",
+        f"--cpu-offload-gb {EMBED_OFFLOAD_CAP_GIB} --cpu-offload-params embed_tokens (patch 0065)",
+        MEMORY,
+        default=False,
+        tradeoff="about 1.2 GiB more KV pool with the prepared int8 table (~19k more bf16 tokens) for as much "
+        "pinned host RAM; a lookup reads only the step's rows over PCIe.",
+        details=(
+            "Off by default: not yet measured on a GPU by this project. The 3090 reference measured a 15.7% "
+            "larger pool for ~2.1 GiB of host RAM and no measured speed cost "
+            "(github.com/syv-ai/qwen38-27b-rtx3090). The planner checks the host has the RAM.",
+        ),
+    ),
+    Knob(
         "HEADROOM_FLOOR",
         "bytes",
         "GPU memory that must stay free after boot.",
@@ -554,6 +581,18 @@ KNOBS: tuple[Knob, ...] = (
         min=0,
         max=300,
         tradeoff="Claude Code warns after 150 s without a chunk and gives up at 300 s.",
+    ),
+    Knob(
+        "STREAM_PROGRESS",
+        "float",
+        "While a long prompt fills (chunked prefill), a streaming request gets an SSE comment "
+        "`: prefill COMPUTED/TOTAL` at most every this many seconds and at most once per chunk; 0 = never.",
+        "env HYPERQWEN_PREFILL_PROGRESS_INTERVAL (read by patch 0060)",
+        API,
+        default=1.0,
+        min=0.0,
+        max=60.0,
+        tradeoff="comments are skipped by SSE clients; lower = finer progress, more bytes on a long prefill.",
     ),
     Knob(
         "TEMPERATURE",

@@ -145,9 +145,13 @@ class Settings(Mapping[str, Any]):
     @property
     def num_speculative_tokens(self) -> int:
         """Draft tokens per step for the SPEC method in use (0 without speculative decoding)."""
-        return {"mtp": self["DRAFT_TOKENS"], "dflash2": self["DFLASH_TOKENS"], "ngram": self["LOOKUP_TOKENS"]}.get(
-            self["SPEC"], 0
-        )
+        return {
+            "mtp": self["DRAFT_TOKENS"],
+            "dflash2": self["DFLASH_TOKENS"],
+            "ngram": self["LOOKUP_TOKENS"],
+            # The verify block: lookup fills up to LOOKUP_TOKENS, the MTP head drafts DRAFT_TOKENS of it.
+            "mtp+lookup": max(self["DRAFT_TOKENS"], self["LOOKUP_TOKENS"]),
+        }.get(self["SPEC"], 0)
 
     @property
     def draft_path(self) -> Path | None:
@@ -498,7 +502,7 @@ def check_combination(settings: Settings) -> list[Problem]:
 
     ignored_by_spec = {"DRAFT_TOKENS": "mtp", "DFLASH_TOKENS": "dflash2", "DRAFT": "dflash2", "LOOKUP_TOKENS": "ngram"}
     for name, needs in ignored_by_spec.items():
-        if settings.explicit(name) and spec != needs:
+        if settings.explicit(name) and spec != needs and not (spec == "mtp+lookup" and needs in ("mtp", "ngram")):
             what = {
                 "mtp": "DRAFT_TOKENS sets the MTP draft count",
                 "dflash2": "DFLASH_TOKENS and DRAFT configure DFlash2",
@@ -507,7 +511,8 @@ def check_combination(settings: Settings) -> list[Problem]:
             problems.append(
                 Problem(
                     "warning",
-                    f"{name} has no effect because SPEC={spec}; {what[needs]}, used only with SPEC={needs}",
+                    f"{name} has no effect because SPEC={spec}; {what[needs]}, used only with SPEC={needs}"
+                    + (" or SPEC=mtp+lookup" if needs in ("mtp", "ngram") else ""),
                     name,
                 )
             )

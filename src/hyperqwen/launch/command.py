@@ -11,6 +11,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
 from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -94,6 +95,19 @@ def speculative_config(settings: Settings) -> dict | None:
             "prompt_lookup_min": 2,
             "prompt_lookup_max": 5,
         }
+    if spec == "mtp+lookup":
+        # Patch 0031 (context_lookup): each step the verify block is filled from a prompt-lookup match (same
+        # 2..5-token rule as ngram) where the context has one, else from the MTP head, which drafts only
+        # DRAFT_TOKENS of it (its later slots repeat its last draft). The block is max(DRAFT_TOKENS,
+        # LOOKUP_TOKENS) wide for every request and step, so CUDA graph shapes stay fixed.
+        return {
+            "method": "mtp",
+            "num_speculative_tokens": settings.num_speculative_tokens,
+            "context_lookup": True,
+            "context_lookup_min": 2,
+            "context_lookup_max": 5,
+            "context_drafter_tokens": settings["DRAFT_TOKENS"],
+        }
     return None
 
 
@@ -175,6 +189,10 @@ def build_command(
         # vLLM's native offloading connector takes GiB (config/vllm.py, kv_offloading_size); the planner checked
         # the host has the RAM (memory/host.py).
         args += ["--kv-offloading-size", f"{settings['RAM_CACHE'] / 2**30:g}", "--kv-offloading-backend", "native"]
+    if settings["EMBED_ON_HOST"]:
+        # vLLM's UVA offloader limited to the embedding's parameters; patch 0065 passes the embedding through
+        # it (memory/budget.py takes its bytes off the GPU weights and checks the host RAM).
+        args += ["--cpu-offload-gb", str(EMBED_OFFLOAD_CAP_GIB), "--cpu-offload-params", "embed_tokens"]
     spec = speculative_config(settings)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
@@ -211,6 +229,8 @@ def build_command(
     env["HYPERQWEN_CLIENT_THINKING"] = "1" if settings["CLIENT_THINKING"] else "0"
     # Read by patch 0040 (engine stall sentinel); docs/troubleshooting.md.
     env["HYPERQWEN_ENGINE_STALL_TIMEOUT"] = str(settings["ENGINE_STALL_TIMEOUT"])
+    # Read by patch 0060 (": prefill N/M" stream comments); docs/agents.md.
+    env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] = str(settings["STREAM_PROGRESS"])
     if settings["HF_TOKEN"]:
         env["HF_TOKEN"] = settings["HF_TOKEN"]
 

@@ -108,6 +108,9 @@ def explain(launch: Launch) -> str:
         launch.budget.summary(),
         *launch.budget.notes,
     ]
+    from hyperqwen.spec.explain import spec_lines
+
+    lines += spec_lines(settings, launch.budget, launch.command.vllm_args)
     lines += [f"{problem}" for problem in settings.problems]
     return "\n".join(lines)
 
@@ -131,8 +134,8 @@ def write_server_environment(launch: Launch, environ: Mapping[str, str]) -> dict
 
     from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
 
-    path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path())
     settings = launch.settings
+    path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path(settings["PORT"]))
     if settings["MAX_LEN"] != launch.budget.max_model_len:  # the knobs as they run, MAX_LEN included
         settings = settings.with_value("MAX_LEN", launch.budget.max_model_len, PLANNER)
     try:

@@ -36,7 +36,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hyperqwen.config.knobs import KNOBS_BY_NAME
+from hyperqwen.config.knobs import KNOBS_BY_NAME, MTP_SPEC_METHODS
 from hyperqwen.config.sizes import GiB, MiB
 from hyperqwen.memory.checkpoint import (
     DTYPE_BYTES,
@@ -50,7 +50,7 @@ from hyperqwen.memory.checkpoint import (
     weight_bytes,
 )
 from hyperqwen.memory.gpu import GpuFacts, fraction_that_fits
-from hyperqwen.memory.host import HostFacts, ram_cache_problems
+from hyperqwen.memory.host import HostFacts, pinned_host_problems, ram_cache_problems
 from hyperqwen.memory.kvcache import (
     DEFAULT_KERNEL_BLOCK_ALIGNMENT,
     PoolInputs,
@@ -105,7 +105,7 @@ class MemoryInputs:
     kv_cache_dtype: str  # --kv-cache-dtype
     max_model_len: int  # --max-model-len
     max_num_seqs: int  # --max-num-seqs
-    spec_method: str  # none | mtp | dflash2
+    spec_method: str  # none | mtp | dflash2 | ngram | mtp+lookup
     num_speculative_tokens: int
     prefix_caching: bool
     state_dtype: str  # --mamba-ssm-cache-dtype
@@ -116,6 +116,7 @@ class MemoryInputs:
     language_model_only: bool
     draft_dir: Path | None
     ram_cache_bytes: int | None  # RAM_CACHE -> --kv-offloading-size (pinned host RAM)
+    embed_on_host: bool  # EMBED_ON_HOST -> embed_tokens in pinned host memory via UVA (patch 0065)
     terms: Mapping[str, int | None]  # TERM_KNOBS values (None: the planner's estimate) + EXTRA_TERMS
 
     @classmethod
@@ -146,6 +147,7 @@ class MemoryInputs:
             language_model_only=not settings["VISION"],
             draft_dir=settings.draft_path,
             ram_cache_bytes=settings["RAM_CACHE"],
+            embed_on_host=bool(settings["EMBED_ON_HOST"]),
             terms=values,
         )
 
@@ -444,10 +446,11 @@ def build_layout(
         conv_dtype_bytes=mdb,
         ssm_dtype_bytes=DTYPE_BYTES[state_dtype],
     )
-    mtp_layers = s.mtp_num_hidden_layers if knobs.spec_method == "mtp" else 0
-    if knobs.spec_method == "mtp" and mtp_layers == 0:
+    uses_mtp = knobs.spec_method in MTP_SPEC_METHODS
+    mtp_layers = s.mtp_num_hidden_layers if uses_mtp else 0
+    if uses_mtp and mtp_layers == 0:
         raise MemoryPlanError(
-            "SPEC=mtp but the checkpoint's config has mtp_num_hidden_layers=0 (no MTP head); "
+            f"SPEC={knobs.spec_method} but the checkpoint's config has mtp_num_hidden_layers=0 (no MTP head); "
             "use SPEC=none or SPEC=dflash2"
         )
     drafter_layers = drafter_bpt = 0
@@ -562,7 +565,7 @@ def plan_inputs(
     )
     layout, info = build_layout(ckpt, lk, drafter=drafter, kernel_block_alignment=kba)
     w = ckpt.weights(mdb)
-    with_mtp = i.spec_method == "mtp"
+    with_mtp = i.spec_method in MTP_SPEC_METHODS
     k = i.num_speculative_tokens
 
     def term(name: str, fallback: Term) -> Term:
@@ -589,6 +592,15 @@ def plan_inputs(
             f"safetensors headers ({ckpt_source})",
         ),
     )
+    # EMBED_ON_HOST: vLLM's UVA offloader moves embed_tokens to pinned host memory as the model is built
+    # (offloader/uva.py, reached for the embedding through patch 0065), before the weights are loaded, so its
+    # bytes never count on the GPU.
+    embed_host_bytes = ckpt.embedding_bytes(mdb) if i.embed_on_host else 0
+    if embed_host_bytes:
+        weights = Term(
+            weights.value - embed_host_bytes,
+            f"{weights.source}, less embed_tokens ({format_gib(embed_host_bytes)}) in host memory (EMBED_ON_HOST)",
+        )
     resident = weights.value
     # MTP: the drafter first builds its own embed_tokens and lm_head in the model dtype, then swaps in the
     # target's (vLLM log 'Sharing target model ... weights with the draft model'): a load-time transient.
@@ -670,6 +682,12 @@ def plan_inputs(
 
     # Host RAM for the offload tier (pinned): refused here when the host cannot hold it.
     ram_note = "off"
+    embed_note = f"{format_gib(embed_host_bytes)} pinned" if embed_host_bytes else "off (on the GPU)"
+    if embed_host_bytes and host is not None:
+        embed_problems, embed_hints = pinned_host_problems(embed_host_bytes + (i.ram_cache_bytes or 0), host)
+        refuse = refuse or bool(embed_problems)
+        problems += embed_problems
+        hints += embed_hints
     if i.ram_cache_bytes:
         if host is None:
             ram_note = f"{format_gib(i.ram_cache_bytes)} (host RAM not checked)"
@@ -737,6 +755,7 @@ def plan_inputs(
         "kv_cache_dtype": i.kv_cache_dtype,
         "language_model_only": i.language_model_only,
         "ram_cache": ram_note,
+        "embed_on_host": embed_note,
     }
     kv_all = (
         info["attn"] * (s.num_full_attention_layers + info["mtp_layers"]) + info["drafter_bpt"] * info["drafter_layers"]

@@ -185,6 +185,14 @@ class Checkpoint:
     def weights(self, model_dtype_bytes: int) -> WeightBytes:
         return weight_bytes(self.tensors, model_dtype_bytes)
 
+    def embedding_bytes(self, model_dtype_bytes: int) -> int:
+        """Bytes of the language model's embed_tokens parameters (packed weight, scales) as vLLM holds them."""
+        return sum(
+            tensor_resident_bytes(t, model_dtype_bytes)
+            for t in self.tensors
+            if classify_tensor(t.name) == "body" and ".embed_tokens." in f".{t.name}"
+        )
+
 
 def load_checkpoint(model_dir: Path) -> Checkpoint:
     model_dir = Path(model_dir)
@@ -204,7 +212,9 @@ class DrafterAttention:
 
 
 def drafter_attention_from_config(config: Mapping[str, Any], where: str) -> DrafterAttention:
-    text: Mapping[str, Any] = config.get("text_config") or config
+    # A speculators-format drafter (the published DFlash2 one) keeps its decoder shape under
+    # transformer_layer_config (vLLM 0.32.0: transformers_utils/configs/speculators/base.py).
+    text: Mapping[str, Any] = config.get("text_config") or config.get("transformer_layer_config") or config
     heads = int(_need(text, "num_attention_heads", where))
     return DrafterAttention(
         num_layers=int(_need(text, "num_hidden_layers", where)),

@@ -84,6 +84,7 @@ def render_table(b: MemoryBudget) -> str:
         )
     )
     lines.append(row("RAM cache (host, pinned)", str(r["ram_cache"]), "RAM_CACHE -> --kv-offloading-size"))
+    lines.append(row("embed_tokens in host RAM", str(r["embed_on_host"]), "EMBED_ON_HOST -> --cpu-offload-params"))
     lines += ["", "KV cache (vLLM 0.32.0 arithmetic):"]
     lines.append(row("KV bytes / token / attn layer", f"{b.attn_bytes_per_token_layer:,} B"))
     lines.append(row("KV bytes / token (all layers)", f"{b.kv_bytes_per_token:,} B"))

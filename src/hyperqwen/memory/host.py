@@ -40,6 +40,21 @@ def read_host_facts(meminfo: Path = Path("/proc/meminfo"), version: Path = Path(
         return None
 
 
+def pinned_host_problems(pinned_bytes: int, host: HostFacts) -> tuple[list[str], list[str]]:
+    """(problems, hints) for EMBED_ON_HOST's pinned embedding table (plus any RAM_CACHE) on this host."""
+    room = max(host.available_bytes - SERVER_HOST_BYTES, 0)
+    if pinned_bytes <= room:
+        return [], []
+    return (
+        [
+            f"EMBED_ON_HOST needs {pinned_bytes / GiB:.1f} GiB of pinned host memory (the embedding table"
+            f" plus any RAM_CACHE): {host.available_bytes / GiB:.1f} GiB available, "
+            f"{SERVER_HOST_BYTES / GiB:.0f} GiB kept for the server process"
+        ],
+        ["EMBED_ON_HOST=false, or a smaller RAM_CACHE"],
+    )
+
+
 def ram_cache_problems(ram_cache: int, host: HostFacts, prefix_caching: bool) -> tuple[list[str], list[str]]:
     """(problems, hints) for RAM_CACHE bytes of pinned host memory on this host."""
     problems: list[str] = []

@@ -1,4 +1,5 @@
-"""The monitor service: scrape the vLLM server's /metrics on a timer, serve the page and its JSON.
+"""The monitor service: scrape the vLLM server's /metrics (and /hyperqwen/prefill) on a timer, serve the page and
+its JSON.
 
 Routes: `/` (the page), `/static/*` (its script and style), `/api/state` (everything the page shows),
 `/healthz` (liveness for compose; reveals nothing, so it needs no key).
@@ -28,6 +29,7 @@ from aiohttp import web
 from hyperqwen.monitor.config import MonitorConfig
 from hyperqwen.monitor.history import History
 from hyperqwen.monitor.metrics import MetricsFormatError, parse_scrape
+from hyperqwen.monitor.prefill import PREFILL_PATH, PrefillFormatError, PrefillRow, parse_prefill
 
 log = logging.getLogger("hyperqwen.monitor")
 
@@ -56,10 +58,20 @@ class UpstreamStatus:
 
 
 @dataclass
+class PrefillStatus:
+    """The latest answer of the server's /hyperqwen/prefill (patch 0060): prompts being filled right now."""
+
+    rows: list[PrefillRow] = field(default_factory=list)
+    available: bool | None = None  # None: not asked yet; False: the route is missing or failed (note says why)
+    note: str | None = None
+
+
+@dataclass
 class Monitor:
     config: MonitorConfig
     history: History = field(init=False)
     status: UpstreamStatus = field(default_factory=UpstreamStatus)
+    prefill: PrefillStatus = field(default_factory=PrefillStatus)
 
     def __post_init__(self) -> None:
         self.history = History(self.config.max_intervals)
@@ -99,6 +111,25 @@ class Monitor:
         self.status.up, self.status.error = True, None
         self.status.last_success = now
         self.status.scrapes += 1
+        await self.scrape_prefill(session)
+
+    async def scrape_prefill(self, session: aiohttp.ClientSession) -> None:
+        """Per-request prefill progress; a server without the route (stock vLLM) only loses this table."""
+        url = f"{self.config.upstream}{PREFILL_PATH}"
+        try:
+            async with session.get(url, headers=self.upstream_headers()) as response:
+                if response.status == 404:
+                    self.prefill = PrefillStatus(
+                        available=False,
+                        note=f"{PREFILL_PATH} answered 404: this server's vLLM lacks patch 0060 (prefill progress)",
+                    )
+                    return
+                if response.status != 200:
+                    raise UpstreamError(f"{url} answered HTTP {response.status}")
+                doc = await response.json(content_type=None)
+            self.prefill = PrefillStatus(rows=parse_prefill(doc), available=True)
+        except (TimeoutError, aiohttp.ClientError, UpstreamError, PrefillFormatError, ValueError) as exc:
+            self.prefill = PrefillStatus(available=False, note=str(exc) or type(exc).__name__)
 
     def scrape_timeout(self) -> float:
         return max(5.0, self.config.interval_s)
@@ -133,6 +164,11 @@ class Monitor:
             "history_s": self.config.history_s,
             "now_window_s": now_window,
             "server_time": time.time(),
+            "prefill": {
+                "available": self.prefill.available,
+                "note": self.prefill.note,
+                "requests": [row.as_dict() for row in self.prefill.rows] if self.status.up else [],
+            },
             **self.history.state(windows, now_window),
         }
 

@@ -122,14 +122,7 @@ class PrepareOptions:
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> PrepareOptions:
         """From the `--mode/--env-file/--set` flags `add_settings_arguments` gave the command."""
-        from hyperqwen.config.load import settings_from_args
-        from hyperqwen.config.settings import SettingsError
-
-        try:
-            settings = settings_from_args(args, os.environ if environ is None else environ)
-        except SettingsError as exc:
-            raise _settings_error(exc) from None
-        return cls.from_settings(settings)
+        return cls.from_settings(resolve_settings_from_args(args, environ))
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> PrepareOptions:
@@ -152,6 +145,17 @@ class PrepareOptions:
         )
         values.update(overrides)
         return cls(**values)
+
+
+def resolve_settings_from_args(args: Any, environ: Mapping[str, str] | None = None) -> Any:
+    """The typed Settings for the command's flags; a bad knob becomes a PrepareError naming it."""
+    from hyperqwen.config.load import settings_from_args
+    from hyperqwen.config.settings import SettingsError
+
+    try:
+        return settings_from_args(args, os.environ if environ is None else environ)
+    except SettingsError as exc:
+        raise _settings_error(exc) from None
 
 
 def _settings_error(exc: Any) -> PrepareError:

@@ -353,7 +353,7 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
     progress = _Progress(sum(e.source.nbytes for e in spec.entries), options.show_progress, spec.path)
     buf = bytearray(COPY_CHUNK)
     try:
-        with open(spec.source, "rb") as handle, atomic_write(target) as out:
+        with open(spec.source, "rb") as handle, atomic_write(target, spec.size) as out:
             out.write(header)
             for entry in spec.entries:
                 if entry.action == "copy":

@@ -22,10 +22,12 @@ from hyperqwen.prepare.errors import PrepareCheckpointError, QuantizationError
 from hyperqwen.prepare.safetensors_io import (
     FLOAT_DTYPES,
     STORAGE_DTYPES,
+    MappedTensor,
     OutTensor,
     TensorInfo,
     f32_to_bf16_bits,
     from_float_bits,
+    map_tensor,
     read_rows_f32,
     read_rows_raw,
     to_float_bits,
@@ -138,11 +140,43 @@ class QuantStats:
         return math.sqrt(self.err_sq / self.ref_sq)
 
 
+def _prefer_512_bit_vectors() -> None:
+    """On AVX-512 hosts let LLVM use 512-bit vectors in our kernels: its default tuning for Intel server chips
+    prefers 256 bits. The bf16 kernel ran 0.67 -> 0.56 ns per element (one core, 546 x 5,120 block, identical
+    bytes). Numba fixes its target machine's features when its CPU target is first built, from
+    NUMBA_CPU_FEATURES: set only for that moment (child processes do not inherit it). A user's own setting, or
+    numba already in use in this process, stays as it is."""
+    import platform
+    import sys
+
+    if "NUMBA_CPU_FEATURES" in os.environ or "numba" in sys.modules or platform.machine() not in ("x86_64", "AMD64"):
+        return
+    try:
+        import llvmlite.binding as llvm
+
+        llvm.initialize_native_target()
+        features = llvm.get_host_cpu_features().flatten()
+    except (ImportError, RuntimeError, OSError):
+        return
+    if "+avx512f" not in features.split(","):
+        return
+    os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+    try:
+        from numba.core.registry import cpu_target
+
+        cpu_target.target_context.codegen()  # builds the target machine with these features
+    except ImportError:
+        pass
+    finally:
+        del os.environ["NUMBA_CPU_FEATURES"]
+
+
 def _numba_kernels():
     """Fused one-pass kernels (numba ships with vLLM). None when numba is unavailable: numpy does the same
     arithmetic (identical bytes; the reported error may differ in the last digits from summation order)."""
     if os.environ.get("HYPERQWEN_PREPARE_NUMPY") == "1":
         return None
+    _prefer_512_bit_vectors()
     try:
         import numba
     except ImportError:
@@ -202,23 +236,25 @@ def _numba_kernels():
 
     # One pass per 128-group for bfloat16 input, straight from the file's bytes: widen to float32, find the
     # group's largest magnitude, round its scale up to the next bfloat16 (the same bits as scales_from_amax),
-    # quantize, and sum the errors, all while the group sits in L1. Reassociation lets LLVM vectorize the sums
+    # quantize, and sum the errors, all while the row sits in L1. Reassociation lets LLVM vectorize the sums
     # (they only feed the error check); the quantized bytes do not depend on it (no reciprocal or FMA flags).
-    # One pass per 128-group for bfloat16 input, straight from the file's bytes: widen to float32, find the
-    # group's largest magnitude, round its scale up to the next bfloat16 (the same bits as scales_from_amax),
-    # quantize, and sum the errors, all while the group sits in L1. Reassociation lets LLVM vectorize the sums
-    # (they only feed the error check); the quantized bytes do not depend on it (no reciprocal or FMA flags).
+    # Ties with the largest magnitude are counted in the float loop (a separate integer loop ran in 64-bit lanes:
+    # numba widens integer arithmetic to int64), and the group's full sums are its rest plus the ties: 0.73 -> 0.56
+    # ns per element (one core, best process time of 15, a 546 x 5,120 block).
     @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "nsz"})
     def quantize_bf16_rows(raw, stored, out_u8, err_rows, ref_rows, rest_err, rest_ref):  # pragma: no cover
         rows, cols = raw.shape
         groups = cols // 128
-        bits = np.empty(128, np.uint32)
+        bits = np.empty(cols, np.uint32)  # one row widened to float32 (20 KiB for 5,120 columns: stays in L1)
         f = bits.view(np.float32)
-        sbits = np.empty(1, np.uint32)
+        mbits = np.empty(groups, np.uint32)
+        mf = mbits.view(np.float32)
+        ideal = np.empty(groups, np.float32)
+        ideal_bits = ideal.view(np.uint32)
+        sbits = np.empty(groups, np.uint32)
         sf = sbits.view(np.float32)
+        inv = np.empty(groups, np.float32)
         for i in range(rows):
-            e = np.float64(0.0)
-            r = np.float64(0.0)
             for g in range(groups):
                 base = g * 128
                 # |x| of a bfloat16 is its bits without the sign; their integer order is the float order (NaN
@@ -226,49 +262,58 @@ def _numba_kernels():
                 m16 = np.uint16(0)
                 for k in range(128):
                     v = raw[i, base + k]
-                    bits[k] = np.uint32(v) << np.uint32(16)
+                    bits[base + k] = np.uint32(v) << np.uint32(16)
                     m16 = max(m16, v & np.uint16(0x7FFF))
-                cnt = 0
-                for k in range(128):
-                    cnt += (raw[i, base + k] & np.uint16(0x7FFF)) == m16
-                sbits[0] = np.uint32(m16) << np.uint32(16)
-                m = sf[0]
-                sf[0] = m / np.float32(127)
-                ideal = sf[0]
-                b = sbits[0]
+                mbits[g] = np.uint32(m16) << np.uint32(16)
+            # The row's scales in separate loops over its groups, not one dependent chain (max, divide, round,
+            # divide) in front of each group's quantization: 0.70 -> 0.59 ns per element (same block as above).
+            for g in range(groups):
+                ideal[g] = mf[g] / np.float32(127)
+            for g in range(groups):
+                b = ideal_bits[g]
                 b16 = (b + ((b >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)) >> np.uint32(16)
-                sbits[0] = b16 << np.uint32(16)
-                if sf[0] < ideal:
-                    b16 += np.uint32(1)
-                    sbits[0] = b16 << np.uint32(16)
-                if sf[0] == 0:
+                sbits[g] = b16 << np.uint32(16)  # round to nearest even bfloat16, as f32_to_bf16_bits
+            for g in range(groups):
+                b16 = sbits[g] >> np.uint32(16)
+                if sf[g] < ideal[g]:
+                    b16 += np.uint32(1)  # the next bfloat16 up, so amax / scale <= 127 never clips
+                    sbits[g] = b16 << np.uint32(16)
+                if sf[g] == 0:
                     b16 = np.uint32(0x3F80)  # bfloat16 1.0: an all-zero group dequantizes to 0 with any scale
-                    sbits[0] = b16 << np.uint32(16)
-                s = sf[0]
+                    sbits[g] = b16 << np.uint32(16)
                 stored[i, g] = np.uint16(b16)
-                inv = np.float32(1) / s
-                eg = np.float32(0)
-                rg = np.float32(0)
+            for g in range(groups):
+                inv[g] = np.float32(1) / sf[g]
+            e = np.float64(0.0)
+            r = np.float64(0.0)
+            for g in range(groups):
+                base = g * 128
+                s = sf[g]
+                iv = inv[g]
+                m = mf[g]
                 reg = np.float32(0)
                 rrg = np.float32(0)
+                kept = np.float32(0)
                 for k in range(128):
-                    x = f[k]
-                    q = np.rint(x * inv)
+                    x = f[base + k]
+                    q = np.rint(x * iv)
                     d = x - q * s
-                    dd = d * d
-                    xx = x * x
                     keep = np.float32(abs(x) != m)
-                    eg += dd
-                    rg += xx
-                    reg += dd * keep
-                    rrg += xx * keep
+                    # Inf times the 0 of an excluded Inf is NaN: a non-finite weight always makes the row non-finite.
+                    reg += d * d * keep
+                    rrg += x * x * keep
+                    kept += keep
                     out_u8[i, base + k] = np.uint8(np.int32(q) + 128)
-                # Exclude exactly one largest weight: add back the others that tie with it.
-                if cnt > 1:
-                    qm = np.rint(m * inv)
-                    dm = m - qm * s
-                    reg += np.float32(cnt - 1) * dm * dm
-                    rrg += np.float32(cnt - 1) * m * m
+                # The weights equal to the largest magnitude all have its error: the group's sums add them back
+                # (exact small integer counts), the rest sums all of them but exactly one.
+                ties = np.float32(128) - kept
+                qm = np.rint(m * iv)
+                dm = m - qm * s
+                eg = reg + ties * (dm * dm)
+                rg = rrg + ties * (m * m)
+                if ties > 1:
+                    reg += (ties - np.float32(1)) * (dm * dm)
+                    rrg += (ties - np.float32(1)) * (m * m)
                 rest_err[i, g] = reg
                 rest_ref[i, g] = rrg
                 e += eg
@@ -409,8 +454,11 @@ def quantize_bf16_raw(raw: np.ndarray) -> BlockResult | None:
             rest_ref[begin:end],
         )
 
-    step = -(-rows // WORKERS)
-    list(_pool().map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
+    if WORKERS == 1:  # one core: a hop through the pool only adds two thread switches per block
+        run(0, rows)
+    else:
+        step = -(-rows // WORKERS)
+        list(_pool().map(lambda b: run(b, min(rows, b + step)), range(0, rows, step)))
     return BlockResult(
         out.view("<i4"), stored, float(err_rows.sum()), float(ref_rows.sum()), rest_err, rest_ref, ref_rows
     )
@@ -475,15 +523,40 @@ def quantize_tensor(
     stats = QuantStats(info.name, info.shape)
     # A packed block is a fresh array: a writer that can take ownership writes and hashes it in the background.
     write_block = getattr(getattr(write, "__self__", None), "write_owned", write)
-    scale_parts: list[np.ndarray] = []
-    # One raw read buffer for all blocks (the float32 conversion copies out of it).
-    buffer = np.empty(min(step, rows) * cols, dtype=STORAGE_DTYPES[info.dtype])
     fused_raw = info.dtype == "BF16" and info.numel >= FUSED_MIN_ELEMENTS and kernels() is not None
+    # The fused kernel reads the rows where the page cache holds them; elsewhere one raw read buffer serves all
+    # blocks (the float32 conversion copies out of it).
+    mapped = map_tensor(handle, info) if fused_raw else None
+    buffer = None if mapped else np.empty(min(step, rows) * cols, dtype=STORAGE_DTYPES[info.dtype])
+    try:
+        return _quantize_blocks(
+            handle, info, write, write_block, step, stats, fused_raw, mapped, buffer, on_block, max_group_rel_error
+        )
+    finally:
+        if mapped is not None:
+            mapped.close()
+
+
+def _quantize_blocks(
+    handle: BinaryIO,
+    info: TensorInfo,
+    write: Callable[[memoryview], None],
+    write_block: Callable[[memoryview], None],
+    step: int,
+    stats: QuantStats,
+    fused_raw: bool,
+    mapped: MappedTensor | None,
+    buffer: np.ndarray | None,
+    on_block: Callable[[int], None] | None,
+    max_group_rel_error: float,
+) -> QuantStats:
+    rows, cols = info.shape
+    scale_parts: list[np.ndarray] = []
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
         w: np.ndarray | _LazyRows
         if fused_raw:
-            raw = read_rows_raw(handle, info, begin, end, buffer)
+            raw = mapped.rows[begin:end] if mapped else read_rows_raw(handle, info, begin, end, buffer)
             fused_block = quantize_bf16_raw(raw)
             assert fused_block is not None
             block = fused_block
@@ -518,6 +591,8 @@ def quantize_tensor(
         stats.ref_sq += block.ref_sq
         write_block(_bytes(np.ascontiguousarray(block.packed)))
         scale_parts.append(block.stored)
+        if mapped is not None:
+            mapped.release(end)
         if on_block is not None:
             on_block((end - begin) * cols * (info.nbytes // info.numel))
     scales = np.concatenate(scale_parts, axis=0)

@@ -9,8 +9,10 @@ Verification re-opens every output with `safetensors.safe_open`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -97,6 +99,67 @@ def read_rows_raw(
             "and fetched again) or replace the file in MODEL_SOURCE_DIR",
         )
     return target.reshape(row_end - row_begin, cols)
+
+
+class MappedTensor:
+    """A 2-D float tensor of a shard file seen through a read-only memory map, as stored (BF16 as uint16 bits).
+
+    Quantizing straight from the page cache skips read()'s copy of every source byte into a buffer: the 2.37 GiB
+    lm_head's read() took 0.56 s of a 4.5 s one-core prepare (cProfile, prepare benchmark). Mapped pages count
+    as the process's resident memory, so `release` drops the rows already quantized from the map (the page cache
+    keeps them). `close` unmaps once no row view is left (a view still held, e.g. by an exception's frame, keeps
+    the map until it is collected)."""
+
+    def __init__(self, handle: BinaryIO, info: TensorInfo) -> None:
+        import mmap
+
+        storage = np.dtype(STORAGE_DTYPES[info.dtype])
+        fd = handle.fileno()
+        # A file shorter than its header says would fault (SIGBUS) on the missing pages: refuse it here, by name.
+        size, end = os.fstat(fd).st_size, info.begin + info.nbytes
+        if size < end:
+            raise PrepareCheckpointError(
+                f"{info.name}: short file (it ends at byte {size}, the tensor at byte {end})",
+                fix="the source shard is truncated; run prepare again (a download is checked "
+                "and fetched again) or replace the file in MODEL_SOURCE_DIR",
+            )
+        self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        with contextlib.suppress(OSError, AttributeError):
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
+        self.rows = np.frombuffer(self._map, storage, info.numel, info.begin).reshape(info.shape)
+        self._row_bytes = info.shape[1] * storage.itemsize
+        self._begin = info.begin
+        self._released = info.begin - info.begin % mmap.PAGESIZE
+
+    def release(self, row_end: int) -> None:
+        """Drop the mapping of the whole pages before row `row_end` (read-only file pages: nothing is lost)."""
+        import mmap
+
+        upto = self._begin + row_end * self._row_bytes
+        upto -= upto % mmap.PAGESIZE
+        if self._map is not None and upto > self._released:
+            with contextlib.suppress(OSError, AttributeError, ValueError):
+                self._map.madvise(mmap.MADV_DONTNEED, self._released, upto - self._released)
+            self._released = upto
+
+    def close(self) -> None:
+        del self.rows
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a row view is still alive: the map goes with it
+                self._map.close()
+            self._map = None
+
+
+def map_tensor(handle: BinaryIO, info: TensorInfo) -> MappedTensor | None:
+    """The tensor through a memory map, or None where the handle is no mappable file (BytesIO, odd filesystems)."""
+    try:
+        handle.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    try:
+        return MappedTensor(handle, info)
+    except (OSError, ValueError):
+        return None
 
 
 def read_rows_f32(

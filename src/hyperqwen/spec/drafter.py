@@ -53,6 +53,7 @@ class DrafterInfo:
     vocab_size: int
     target_layer_ids: tuple[int, ...]  # 0-based target layers the drafter reads
     verifier: str | None  # the target the drafter names, if it names one
+    verifier_architectures: tuple[str, ...] = ()  # the architectures of that target, if the drafter names them
 
     @property
     def vllm_method(self) -> str:
@@ -148,6 +149,9 @@ def read_drafter(drafter_dir: Path) -> DrafterInfo:
             # vLLM converts the speculators ids (1-based) with i - 1 (algos.py, update_dflash).
             target_layer_ids=tuple(i - 1 for i in aux),
             verifier=(verifier.get("name_or_path") if isinstance(verifier, dict) else None),
+            verifier_architectures=tuple(
+                str(a) for a in ((verifier.get("architectures") if isinstance(verifier, dict) else None) or ())
+            ),
         )
     architectures = data.get("architectures") or []
     kinds = [DFLASH_ARCHITECTURES[a] for a in architectures if a in DFLASH_ARCHITECTURES]
@@ -177,6 +181,27 @@ def _weights_present(drafter_dir: Path) -> bool:
     return (drafter_dir / "model.safetensors").is_file() or (drafter_dir / "model.safetensors.index.json").is_file()
 
 
+def _tensor_names(drafter_dir: Path) -> set[str] | None:
+    """The drafter's tensor names (safetensors headers or the index), or None when they cannot be read."""
+    from hyperqwen.formats.safetensors import SafetensorsError, read_header
+
+    index = drafter_dir / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return set(json.loads(index.read_text()).get("weight_map", {}))
+        return set(read_header(drafter_dir / "model.safetensors", check_data=False).tensors)
+    except (OSError, ValueError, SafetensorsError):
+        return None
+
+
+def _family(architecture: str) -> str:
+    """Qwen3_5ForConditionalGeneration and Qwen3_5ForCausalLM are one family (the same language model)."""
+    for suffix in ("ForConditionalGeneration", "ForCausalLM", "Model"):
+        if architecture.endswith(suffix):
+            return architecture[: -len(suffix)]
+    return architecture
+
+
 def check_drafter(drafter_dir: Path, target_dir: Path) -> DrafterInfo:
     """Raise DrafterError naming the drafter path and the first mismatch with the target; else the drafter."""
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
@@ -204,4 +229,23 @@ def check_drafter(drafter_dir: Path, target_dir: Path) -> DrafterInfo:
             f"drafter {drafter_dir} (DRAFT) reads target layers {list(info.target_layer_ids)} (0-based), but the "
             f"target {target_dir} (MODEL) has {target.num_hidden_layers} layers (bad: {bad}): built for another model"
         )
+    trained_for = {_family(a) for a in info.verifier_architectures}
+    if trained_for and target.architectures and not trained_for & {_family(a) for a in target.architectures}:
+        raise DrafterError(
+            f"drafter {drafter_dir} (DRAFT) was trained for a {'/'.join(info.verifier_architectures)} target "
+            f"({info.verifier or 'speculators_config.verifier'}), but the target {target_dir} (MODEL) is "
+            f"{'/'.join(target.architectures)}: use the drafter made for this model"
+        )
+    # Without its own embedding and lm_head the drafter runs on the target's (vLLM's proposer shares them);
+    # when the widths differ vLLM silently keeps a separate, never-loaded embedding instead
+    # (llm_base_proposer.py, "Keeping separate embedding weights"): drafts would be garbage, never an error.
+    names = _tensor_names(drafter_dir)
+    if names is not None and info.hidden_size != target.hidden_size:
+        shared = [part for part in ("embed_tokens", "lm_head") if not any(part in n for n in names)]
+        if shared:
+            raise DrafterError(
+                f"drafter {drafter_dir} (DRAFT) has hidden_size {info.hidden_size} and no {'/'.join(shared)} of its "
+                f"own, so it would run on the target's, whose hidden_size is {target.hidden_size} "
+                f"({target_dir}, MODEL): built for another model; use the drafter made for this one"
+            )
     return info

@@ -39,3 +39,9 @@ def test_environment_file_masks_secrets_and_is_private(tmp_path):
     assert doc["model"]["path"] == str(tmp_path) and doc["platform"] in ("linux", "wsl2")
     assert [p["name"] for p in doc["patch_series"]["patches"]][:1] == ["0001-auth-accept-x-api-key.patch"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_default_environment_file_is_one_per_port():
+    """Two servers on one host (replicas, parallel test sessions) must not report each other's knobs."""
+    a, b = serverside.default_environment_path(18020), serverside.default_environment_path("18021")
+    assert a != b and a.parent == b.parent and a.name == "environment-18020.json"

@@ -77,7 +77,7 @@ def test_choices_are_case_insensitive_and_canonicalised():
 @pytest.mark.parametrize("env,fragments", [
     ({"PORT": "80800"}, ["PORT='80800'", "above the maximum", "int in [1, 65535]"]),
     ({"PORT": "http"}, ["PORT='http'", "not a whole number"]),
-    ({"SPEC": "mpt"}, ["SPEC='mpt'", "did you mean mtp", "mtp | dflash2 | ngram | none"]),
+    ({"SPEC": "mpt"}, ["SPEC='mpt'", "did you mean mtp", "mtp | dflash2 | ngram | mtp+lookup | none"]),
     ({"PREFIX_CACHE": "maybe"}, ["PREFIX_CACHE='maybe'", "not a boolean", "true | false"]),
     ({"MAX_LEN": "64k"}, ["MAX_LEN='64k'", "write 65536"]),
     ({"GPU_UTIL": "nan"}, ["GPU_UTIL='nan'", "not a finite number"]),

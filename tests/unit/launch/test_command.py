@@ -93,6 +93,19 @@ def test_ngram_is_prompt_lookup_with_the_lookup_block():
     assert spec == {"method": "ngram", "num_speculative_tokens": 15, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
+@pytest.mark.parametrize(("draft", "lookup", "block"), [("3", "8", 8), ("5", "4", 5)])
+def test_mtp_plus_lookup_is_mtp_with_context_lookup(draft, lookup, block):
+    """The verify block is max(DRAFT_TOKENS, LOOKUP_TOKENS); the MTP head drafts DRAFT_TOKENS of it (patch 0031)."""
+    settings = resolve_settings({"SPEC": "mtp+lookup", "DRAFT_TOKENS": draft, "LOOKUP_TOKENS": lookup}, mode="single")
+    spec = json.loads(flag_value(build_command(settings, api_key=None, python="python3").vllm_args,
+                                 "--speculative-config"))
+    assert spec == {"method": "mtp", "num_speculative_tokens": block, "context_lookup": True,
+                    "context_lookup_min": 2, "context_lookup_max": 5, "context_drafter_tokens": int(draft)}
+    assert settings.num_speculative_tokens == block
+    # Both counts are in use: neither knob is reported as ignored.
+    assert not [p for p in settings.problems if p.knob in ("DRAFT_TOKENS", "LOOKUP_TOKENS")]
+
+
 def test_spec_none_has_no_speculative_config():
     assert "--speculative-config" not in command_for({"SPEC": "none"}).vllm_args
 
@@ -183,3 +196,9 @@ def test_planner_only_term_knobs_never_reach_vllm():
     argv = " ".join(command_for(env).vllm_args)
     for name in TERM_KNOBS:
         assert name.lower().replace("_", "-") not in argv
+
+
+def test_stream_progress_reaches_patch_0060_through_the_environment():
+    assert command_for().env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] == "1.0"  # the documented default
+    assert command_for({"STREAM_PROGRESS": "0"}).env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] == "0.0"
+    assert command_for({"STREAM_PROGRESS": "0.25"}).env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] == "0.25"

@@ -75,6 +75,18 @@ def test_mtp_adds_its_weights_and_an_attention_layer(qwen38_dir):
     assert mtp.terms["load_transient"].value == 2 * 248320 * 5120 * 2
 
 
+def test_mtp_plus_lookup_plans_the_mtp_head_at_the_whole_verify_block(qwen38_dir):
+    """SPEC=mtp+lookup keeps the MTP head (weights, attention layer) and sizes everything that scales with the
+    draft count (GDN state pages, graphs, logits) by the verify block max(DRAFT_TOKENS, LOOKUP_TOKENS)."""
+    mtp3 = plan(qwen38_dir)
+    mtp8 = plan(qwen38_dir, {"DRAFT_TOKENS": "8"})
+    combined = plan(qwen38_dir, {"SPEC": "mtp+lookup", "DRAFT_TOKENS": "3", "LOOKUP_TOKENS": "8"})
+    assert combined.weights == mtp3.weights and combined.kv_bytes_per_token == mtp3.kv_bytes_per_token
+    assert combined.inputs.num_speculative_tokens == 8
+    assert combined.layout == mtp8.layout != mtp3.layout
+    assert combined.terms["activation_peak"].value == mtp8.terms["activation_peak"].value
+
+
 def test_vision_tower_counts_only_when_loaded(qwen38_dir):
     lm = plan(qwen38_dir)
     vis = plan(qwen38_dir, {"VISION": "true"})

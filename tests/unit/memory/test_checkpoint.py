@@ -105,6 +105,14 @@ def test_drafter_attention_from_config():
     assert (d.num_layers, d.num_kv_heads, d.head_dim) == (5, 8, 128)
 
 
+def test_drafter_attention_from_a_speculators_config():
+    """The published DFlash2 drafter's layout: the decoder shape sits under transformer_layer_config."""
+    d = drafter_attention_from_config({"speculators_model_type": "dflash2", "transformer_layer_config": {
+        "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120,
+        "head_dim": 128}}, "drafter")
+    assert (d.num_layers, d.num_kv_heads, d.head_dim) == (5, 8, 128)
+
+
 def test_qwen38_weights_by_part(qwen38):
     w = qwen38.weights(2)
     # Vision tower of the fixture config: ~0.86 GiB in bf16 per the architecture notes.

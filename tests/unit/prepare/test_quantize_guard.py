@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hyperqwen.formats.safetensors import TensorInfo
-from hyperqwen.prepare.errors import QuantizationError
+from hyperqwen.prepare.errors import PrepareCheckpointError, QuantizationError
 from hyperqwen.prepare.quantize import GROUP_SIZE, dequantize, group_rel_errors, quantize_block_stats, quantize_tensor
 from hyperqwen.prepare.safetensors_io import bf16_to_f32, f32_to_bf16_bits
 
@@ -161,3 +161,36 @@ def test_the_one_pass_bf16_kernel_writes_the_numpy_bytes_and_measures_the_same_e
     values[2, 9] = np.nan
     bad = quantize_bf16_raw(f32_to_bf16_bits(values).reshape(ROWS, COLS))
     assert bad is not None and list(np.flatnonzero(~np.isfinite(bad.row_ref))) == [2]
+
+
+def test_a_mapped_file_and_a_stream_give_the_same_bytes_and_the_same_refusals(tmp_path, monkeypatch):
+    """Large bf16 tensors in a real file are read through a memory map; the bytes, the statistics and the
+    refusals are those of the streamed read (BytesIO cannot be mapped)."""
+    pytest.importorskip("numba", reason="the fused kernels need numba (vLLM's images ship it)")
+    from hyperqwen.prepare import quantize
+
+    monkeypatch.setattr(quantize, "FUSED_MIN_ELEMENTS", 0)
+    values = _gaussian(11)
+    values[9, 40] = 0.3  # the worst group, still within the bound
+    prefix = b"\0" * 24  # the tensor starts inside the file, as after a safetensors header
+    path = tmp_path / "shard"
+    path.write_bytes(prefix + f32_to_bf16_bits(values).tobytes())
+    info = TensorInfo("lm_head.weight", "BF16", values.shape, len(prefix))
+    block_bytes = COLS * 4 * 6 * 3  # several blocks, so released rows and later blocks both matter
+    mapped_out = io.BytesIO()
+    with open(path, "rb") as handle:
+        mapped = quantize_tensor(handle, info, mapped_out.write, block_bytes=block_bytes, max_group_rel_error=BOUND)
+    streamed_out = io.BytesIO()
+    stream = io.BytesIO(path.read_bytes())
+    streamed = quantize_tensor(stream, info, streamed_out.write, block_bytes=block_bytes, max_group_rel_error=BOUND)
+    assert mapped_out.getvalue() == streamed_out.getvalue()
+    assert (mapped.err_sq, mapped.ref_sq, mapped.worst_group_row) == (streamed.err_sq, streamed.ref_sq, 9)
+
+    values[12, 7] = np.inf
+    path.write_bytes(prefix + f32_to_bf16_bits(values).tobytes())
+    with open(path, "rb") as handle, pytest.raises(QuantizationError, match="non-finite value inf at row 12"):
+        quantize_tensor(handle, info, io.BytesIO().write, block_bytes=block_bytes, max_group_rel_error=BOUND)
+
+    path.write_bytes(prefix + f32_to_bf16_bits(values).tobytes()[:-2])  # one value short
+    with open(path, "rb") as handle, pytest.raises(PrepareCheckpointError, match="truncated"):
+        quantize_tensor(handle, info, io.BytesIO().write, block_bytes=block_bytes, max_group_rel_error=BOUND)

@@ -94,3 +94,49 @@ def test_target_text_config_or_top_level(tmp_path):
     drafter = write(tmp_path / "drafter", speculators_dflash2(hidden=256, vocab=49216, aux=[1, 3]))
     assert check_drafter(drafter, tiny).target_layer_ids == (0, 2)
     assert read_drafter(drafter).hidden_size == 256
+
+
+def header_only(path: Path, names_shapes: dict[str, list[int]]) -> None:
+    """A bf16 safetensors header with correct offsets and no data (the check reads names only)."""
+    header, offset = {}, 0
+    for name, shape in names_shapes.items():
+        n = 2 * shape[0] * (shape[1] if len(shape) > 1 else 1)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+
+
+def test_drafter_for_another_target_family_is_named(tmp_path, target):
+    config = speculators_dflash2()
+    config["speculators_config"]["verifier"] = {"name_or_path": "Qwen/Qwen3-32B", "architectures": ["Qwen3ForCausalLM"]}
+    drafter = write(tmp_path / "drafter", config)
+    with pytest.raises(DrafterError) as excinfo:
+        check_drafter(drafter, target)
+    message = str(excinfo.value)
+    assert str(drafter) in message and "trained for a Qwen3ForCausalLM target (Qwen/Qwen3-32B)" in message
+    assert "is Qwen3_5ForConditionalGeneration" in message
+
+
+def test_text_only_and_multimodal_targets_are_one_family(tmp_path, target):
+    config = speculators_dflash2()
+    config["speculators_config"]["verifier"]["architectures"] = ["Qwen3_5ForCausalLM"]
+    assert check_drafter(write(tmp_path / "drafter", config), target).verifier_architectures == ("Qwen3_5ForCausalLM",)
+
+
+def test_narrow_drafter_on_the_targets_embedding_is_an_error(tmp_path, target):
+    """hidden 4096 reading 5120-wide target states (target_hidden_size set), no embedding of its own: vLLM would
+    keep a separate, never-loaded embedding and draft garbage without an error."""
+    config = speculators_dflash2(hidden=4096)
+    config["target_hidden_size"] = 5120
+    drafter = write(tmp_path / "drafter", config, weights=False)
+    header_only(drafter / "model.safetensors", {"fc.weight": [4096, 25600], "norm.weight": [4096]})
+    with pytest.raises(DrafterError) as excinfo:
+        check_drafter(drafter, target)
+    message = str(excinfo.value)
+    assert str(drafter) in message and "hidden_size 4096 and no embed_tokens/lm_head of its own" in message
+    # With its own embedding and lm_head the narrower drafter is fine.
+    header_only(drafter / "model.safetensors", {"fc.weight": [4096, 25600], "embed_tokens.weight": [248320, 4096],
+                                                "lm_head.weight": [248320, 4096]})
+    assert check_drafter(drafter, target).hidden_size == 4096

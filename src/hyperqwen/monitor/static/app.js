@@ -159,6 +159,45 @@ function renderRequests(rows) {
   }
 }
 
+const PREFILL_NOTE = $("prefill-note") ? $("prefill-note").textContent : "";
+
+function renderPrefill(prefill) {
+  const body = document.querySelector("#prefill tbody");
+  if (!body || !prefill) return;
+  set("prefill-note", prefill.available === false && prefill.note ? prefill.note : PREFILL_NOTE);
+  body.textContent = "";
+  if (!prefill.requests.length) {
+    const tr = document.createElement("tr");
+    const td = document.createElement("td");
+    td.colSpan = 5; td.className = "empty";
+    td.textContent = prefill.available === false ? "not available" : "no prompt is being filled";
+    tr.appendChild(td); body.appendChild(tr);
+    return;
+  }
+  for (const r of prefill.requests) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = r.id;
+    const cells = {
+      id: r.id, progress: pct(r.fraction), tokens: int(r.computed_tokens) + " / " + int(r.prompt_tokens),
+      rate: num(r.tokens_per_s, 0), eta: secs(r.eta_s),
+    };
+    for (const [col, text] of Object.entries(cells)) {
+      const td = document.createElement("td");
+      td.dataset.col = col;
+      td.textContent = text;
+      if (col === "progress") {
+        const bar = document.createElement("div");
+        bar.className = "bar";
+        const fill = document.createElement("div");
+        fill.style.width = Math.min(100, 100 * r.fraction) + "%";
+        bar.appendChild(fill); td.appendChild(bar);
+      }
+      tr.appendChild(td);
+    }
+    body.appendChild(tr);
+  }
+}
+
 // Replicas behind a router (docs/multi-gpu.md): ?replica=N picks whose charts the page shows; every replica is
 // listed with its status.
 const REPLICA = new URLSearchParams(location.search).get("replica") || "0";
@@ -214,6 +253,7 @@ function render(state) {
   renderPositions(state.speculative ? (w5.spec_per_position || life.spec_per_position) : null);
   renderWindows(state.windows);
   renderRequests(state.requests);
+  renderPrefill(state.prefill);
 
   const s = state.series;
   drawChart($("chart-tps"), s.t, [{ values: s.generation_tps, color: COLORS.gen },
