@@ -368,6 +368,8 @@ def render_markdown(runs: list[dict]) -> str:
         "",
         "## Results",
         "",
+        "Each run below, in the order given to `--render`; every run's rows are in the table.",
+        "",
     ]
     for run in runs:
         env = run["environment"]
@@ -395,7 +397,7 @@ def render_markdown(runs: list[dict]) -> str:
             lines.append(
                 f"| {scenario} | {cores} (`taskset -c {run['environment']['pinned_to']}`) "
                 f"| {r['copy_seconds_median']:.2f} s | {r['prepare_seconds_median']:.2f} s "
-                f"| **{ratio:.2f}x** ({low:.2f}-{high:.2f}) | >= {target}x: {'met' if met else 'NOT met'} "
+                f"| **{ratio:.3f}x** ({low:.2f}-{high:.2f}) | >= {target}x: {'met' if met else 'NOT met'} "
                 f"| {r['prepare_peak_rss_mib_max']:.0f} MiB | {r['prepare_cpu_seconds_median']:.2f} |"
             )
     lines += ["", "Every pair (seconds; copy / prepare):", ""]
@@ -455,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         if len(args.render) < 2:
             parser.error("--render needs the markdown file and at least one JSON file")
-        runs = [json.loads(path.read_text()) | {"json_name": path.name} for path in args.render[1:]]
+        runs = [json.loads(path.read_text()) | {"json_name": str(path)} for path in args.render[1:]]
         args.render[0].write_text(render_markdown(runs))
         return 0
     if args.workdir is None:

@@ -65,7 +65,8 @@ class Interrupted(BaseException):
 _MODELS_FIX = "or point MODELS_DIR at another disk, then run prepare again (it continues where it stopped)"
 
 
-def _free_text(path: Path) -> str:
+def _free_space(path: Path) -> tuple[str, bool]:
+    """(" (N GiB free, M free inodes)" for the file system holding path, whether it has no free inode left)."""
     probe = path
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
@@ -73,9 +74,13 @@ def _free_text(path: Path) -> str:
         usage = shutil.disk_usage(probe)
         st = os.statvfs(probe)
     except OSError:
-        return ""
-    inodes = f", {st.f_favail} free inodes" if st.f_files else ""
-    return f" ({usage.free / 2**30:.2f} GiB free{inodes})"
+        return "", False
+    inodes = f", {st.f_favail} free inodes" if st.f_files else ""  # f_files == 0: inodes are not counted
+    return f" ({usage.free / 2**30:.2f} GiB free{inodes})", bool(st.f_files) and st.f_favail == 0
+
+
+def _free_text(path: Path) -> str:
+    return _free_space(path)[0]
 
 
 def filesystem_error(exc: OSError) -> FilesystemError:
@@ -89,8 +94,7 @@ def filesystem_error(exc: OSError) -> FilesystemError:
             fix="mount the models volume read-write (drop ':ro' from the compose mount) " + _MODELS_FIX,
         )
     if code == errno.ENOSPC:
-        detail = _free_text(path) if path else ""
-        no_inodes = "0 free inodes" in detail
+        detail, no_inodes = _free_space(path) if path else ("", False)
         what = "no free inodes left" if no_inodes else "no space left"
         return DiskSpaceError(
             f"{where}: {what} on its file system{detail}",

@@ -325,7 +325,10 @@ def _numba_kernels():
 
 
 _KERNELS: list = []
-WORKERS = max(1, min(4, len(os.sched_getaffinity(0))))
+# Threads for the quantization kernel: one core is left to the thread that hashes the output as it is written
+# (atomic.HashingWriter). On two cores, two kernel threads beside the hash thread took 2.90-3.06 s for the
+# benchmark's lm_head, one 2.50-2.67 s (alternated, `taskset -c 0,1`, load average 2.5).
+WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) - 1))
 _POOL: list = []
 
 

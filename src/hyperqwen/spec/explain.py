@@ -115,8 +115,8 @@ def spec_lines(settings: Settings, budget: LaunchBudget, vllm_args: Sequence[str
     if spec == "dflash2":
         lines += _drafter_lines(settings, budget)
     lookup = (
-        "prompt lookup: copies the tokens that followed the latest match of the recent output in the prompt or "
-        "earlier output"
+        "prompt lookup: copies the tokens that followed the earliest occurrence of the longest match (2-5 "
+        "tokens) of the recent output in the prompt or earlier output"
     )
     if spec in MTP_SPEC_METHODS:
         lines.append("  drafter: the model's own MTP head (in the checkpoint; nothing extra to download)")

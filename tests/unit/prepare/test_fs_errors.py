@@ -89,6 +89,15 @@ def test_read_only_models_folder_through_the_cli_exits_3_with_one_message(pristi
     assert lines[1].strip().startswith("fix:")
 
 
+def test_full_disk_with_free_inodes_is_not_called_out_of_inodes(mount_tmpfs):
+    """ENOSPC on a file system with inodes to spare is a byte shortage, whatever digits the free count has
+    (a count ending in 0, like 20, once read as "0 free inodes")."""
+    models = mount_tmpfs("size=64k,nr_inodes=21")  # the root takes one: 20 free
+    assert os.statvfs(models).f_favail == 20
+    text = str(filesystem_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(models / "x"))))
+    assert "no space left" in text and "20 free inodes" in text and "free space there" in text, text
+
+
 def test_no_free_inodes(pristine_source, mount_tmpfs, make_options):
     models = mount_tmpfs("size=256m,nr_inodes=12")
     options = make_options(pristine_source, models)
