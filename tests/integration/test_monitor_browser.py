@@ -198,7 +198,7 @@ def test_monitor_page_shows_what_metrics_says(smol_server, tmp_path: Path) -> No
                 const text = (id) => document.getElementById(id).textContent.trim();
                 const ids = ["status", "model-name", "running", "waiting", "kv-usage", "life-finished",
                              "life-generation-tokens", "life-prompt-tokens", "life-prefix-hit-rate",
-                             "w5m-spec-tokens-per-step"];
+                             "w5m-spec-tokens-per-step", "w5m-ram-cache-hit-rate", "life-ram-cache-hits"];
                 const out = Object.fromEntries(ids.map((id) => [id, text(id)]));
                 out.rows = [...document.querySelectorAll("#requests tbody tr")].map((tr) =>
                     Object.fromEntries([...tr.querySelectorAll("td")].map((td) => [td.dataset.col, td.textContent])));
@@ -221,6 +221,9 @@ def test_monitor_page_shows_what_metrics_says(smol_server, tmp_path: Path) -> No
     assert shown["life-prefix-hit-rate"] == pct(
         metrics["vllm:prefix_cache_hits_total"] / metrics["vllm:prefix_cache_queries_total"])
     assert shown["w5m-spec-tokens-per-step"] == "off"  # SPEC=none on this server
+    # No RAM_CACHE on this server: vLLM exports the connector counters at 0, and the card says off.
+    assert metrics["vllm:external_prefix_cache_queries_total"] == 0
+    assert shown["w5m-ram-cache-hit-rate"] == "off" and number(shown["life-ram-cache-hits"]) == 0
     assert all(shown["canvases"])
 
     # Newest first: the last request sent is the first row; one request per row.

@@ -358,8 +358,9 @@ GUIDE = [
     "`hyperqwen bench suite --url http://127.0.0.1:18020 --api-key-file api_key.txt --out my-report` (or inside "
     "the running container: `docker compose exec single hyperqwen bench suite ...`). It runs C1 chat decode "
     "(greedy and default sampling), the C1-C64 ladder, prefill at 1k/16k/64k (100k when the context allows), "
-    "prefix-cache turn 2 at 25k, the 25k-token document reproduction, long-document tasks, needle, GSM8K and "
-    "perplexity. A progress bar per step shows its ETA; if it is interrupted, run the same command again and completed "
+    "prefix-cache turn 2 at 25k, the 25k-token document reproduction, long-document tasks, needle (32k, plus 128k "
+    "and 200k haystacks when the served context holds them: start the server with `CTX=long` or `CTX=huge` for "
+    "those), GSM8K and perplexity. A progress bar per step shows its ETA; if it is interrupted, run the same command again and completed "
     "steps are kept. `--quick` checks the whole pipeline in a few minutes (not a measurement). `--gsm8k-full` "
     "fetches the full 1,319-question GSM8K test set (network).",
     "3. Read `my-report/report.md`; the exit status is 1 when a gate failed. Open a *Field report* issue "

@@ -66,6 +66,8 @@ class Interval:
     request_generation_tokens: Histogram
     prefix_queries: float | None
     prefix_hits: float | None
+    ram_cache_queries: float | None
+    ram_cache_hits: float | None
     spec_drafts: float | None
     spec_draft_tokens: float | None
     spec_accepted: float | None
@@ -107,6 +109,8 @@ class Interval:
             ),
             prefix_queries=_delta(after.prefix_queries, base.prefix_queries),
             prefix_hits=_delta(after.prefix_hits, base.prefix_hits),
+            ram_cache_queries=_delta(after.ram_cache_queries, base.ram_cache_queries),
+            ram_cache_hits=_delta(after.ram_cache_hits, base.ram_cache_hits),
             spec_drafts=_delta(after.spec_drafts, base.spec_drafts),
             spec_draft_tokens=_delta(after.spec_draft_tokens, base.spec_draft_tokens),
             spec_accepted=_delta(after.spec_accepted, base.spec_accepted),
@@ -161,6 +165,8 @@ class Summary:
     first_tokens: float
     finished: float
     prefix_hit_rate: float | None
+    ram_cache_hit_tokens: float | None  # prompt tokens restored from the host-RAM tier (RAM_CACHE)
+    ram_cache_hit_rate: float | None  # of the tokens looked up there
     spec_tokens_per_step: float | None
     spec_acceptance_rate: float | None
     spec_per_position: list[float] | None
@@ -174,6 +180,8 @@ class Summary:
         ttft_count = sum(i.ttft.count for i in intervals)
         queries = _sum_optional(i.prefix_queries for i in intervals)
         hits = _sum_optional(i.prefix_hits for i in intervals)
+        ram_queries = _sum_optional(i.ram_cache_queries for i in intervals)
+        ram_hits = _sum_optional(i.ram_cache_hits for i in intervals)
         drafts = _sum_optional(i.spec_drafts for i in intervals)
         draft_tokens = _sum_optional(i.spec_draft_tokens for i in intervals)
         accepted = _sum_optional(i.spec_accepted for i in intervals)
@@ -190,6 +198,8 @@ class Summary:
             first_tokens=ttft_count,
             finished=sum(i.finished_total for i in intervals),
             prefix_hit_rate=_ratio(hits, queries),
+            ram_cache_hit_tokens=ram_hits,
+            ram_cache_hit_rate=_ratio(ram_hits, ram_queries),
             spec_tokens_per_step=per_step,
             spec_acceptance_rate=_ratio(accepted, draft_tokens),
             spec_per_position=[per_pos[p] / drafts for p in sorted(per_pos)] if drafts else None,
@@ -265,6 +275,9 @@ class History:
             "prefix_queries": s.prefix_queries,
             "prefix_hits": s.prefix_hits,
             "prefix_hit_rate": _ratio(s.prefix_hits, s.prefix_queries),
+            "ram_cache_queries": s.ram_cache_queries,
+            "ram_cache_hits": s.ram_cache_hits,
+            "ram_cache_hit_rate": _ratio(s.ram_cache_hits, s.ram_cache_queries),
             "spec_drafts": s.spec_drafts,
             "spec_accepted": s.spec_accepted,
             "spec_tokens_per_step": (
@@ -324,6 +337,8 @@ class History:
             "requests": [asdict(r) for r in reversed(self.requests)],
             "speculative": bool(latest and latest.spec_drafts is not None),
             "prefix_cache": _prefix_cache_on(latest),
+            # A KV connector answered lookups (RAM_CACHE): vLLM exports its counters at 0 on every server.
+            "ram_cache": bool(latest and latest.ram_cache_queries),
             "model_name": latest.model_name if latest else None,
             "cache_info": latest.cache_info if latest else {},
         }

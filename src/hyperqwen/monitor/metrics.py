@@ -19,6 +19,10 @@ REQUEST_SUCCESS = "vllm:request_success_total"  # label finished_reason: stop | 
 PREEMPTIONS = "vllm:num_preemptions_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # tokens looked up in the prefix cache
 PREFIX_HITS = "vllm:prefix_cache_hits_total"  # of those, tokens found
+# The KV connector's lookups: with RAM_CACHE (vLLM's native offloading connector) the host-RAM tier. vLLM exports
+# them on every server (0 without a connector); tokens, like the prefix-cache pair.
+RAM_CACHE_QUERIES = "vllm:external_prefix_cache_queries_total"
+RAM_CACHE_HITS = "vllm:external_prefix_cache_hits_total"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"  # verify steps that carried drafts
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -65,6 +69,8 @@ class Scrape:
     finished: dict[str, float] = field(default_factory=dict)  # finished requests by finish reason
     prefix_queries: float | None = None  # None: the server exports no prefix-cache counters
     prefix_hits: float | None = None
+    ram_cache_queries: float | None = None  # None: the server exports no connector counters
+    ram_cache_hits: float | None = None
     spec_drafts: float | None = None  # None: no speculative decoding on this server
     spec_draft_tokens: float | None = None
     spec_accepted: float | None = None
@@ -119,6 +125,10 @@ def parse_scrape(text: str, time: float) -> Scrape:
             scrape.prefix_queries = _add(scrape.prefix_queries, value)
         elif name == PREFIX_HITS:
             scrape.prefix_hits = _add(scrape.prefix_hits, value)
+        elif name == RAM_CACHE_QUERIES:
+            scrape.ram_cache_queries = _add(scrape.ram_cache_queries, value)
+        elif name == RAM_CACHE_HITS:
+            scrape.ram_cache_hits = _add(scrape.ram_cache_hits, value)
         elif name == SPEC_DRAFTS:
             scrape.spec_drafts = _add(scrape.spec_drafts, value)
         elif name == SPEC_DRAFT_TOKENS:

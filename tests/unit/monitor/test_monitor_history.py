@@ -165,3 +165,23 @@ def test_no_row_without_finished_requests(capture) -> None:
     items = scrapes(capture)
     idle = Interval.between(items[0], dataclasses.replace(items[0], time=items[0].time + 1))
     assert RequestRow.from_interval(idle) is None
+
+
+def test_ram_cache_hits_over_a_window_and_in_all(smol_capture) -> None:
+    """The host-RAM tier's hits (RAM_CACHE): tokens restored and the rate over the window; "off" while no
+    connector answered a lookup. Counters set by hand on real captures (the connector needs CUDA)."""
+    from test_monitor_metrics import with_connector_counters
+
+    history = History(max_intervals=10)
+    texts = smol_capture.texts[-3:]
+    for t, (text, (queries, hits)) in enumerate(zip(texts, [(0, 0), (1000, 600), (3000, 2100)], strict=True)):
+        history.add(parse_scrape(with_connector_counters(text, queries, hits), 100.0 + t))
+    window = history.summary(10_000)
+    assert window.ram_cache_hit_tokens == 2100 and window.ram_cache_hit_rate == pytest.approx(2100 / 3000)
+    life = history.lifetime()
+    assert life["ram_cache_hits"] == 2100 and life["ram_cache_hit_rate"] == pytest.approx(0.7)
+    assert history.state({"5m": 300}, 60)["ram_cache"] is True
+    plain = History(max_intervals=10)
+    for t, text in enumerate(texts):
+        plain.add(parse_scrape(text, 100.0 + t))
+    assert plain.state({"5m": 300}, 60)["ram_cache"] is False and plain.summary(10_000).ram_cache_hit_rate is None

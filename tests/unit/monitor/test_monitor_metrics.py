@@ -80,3 +80,25 @@ def test_prefix_cache_counters(smol_capture) -> None:
 def test_non_vllm_answers_are_refused(text: str) -> None:
     with pytest.raises(MetricsFormatError):
         parse_scrape(text, 0.0)
+
+
+def with_connector_counters(text: str, queries: float, hits: float) -> str:
+    """A real capture with the KV connector's two counters set by hand, as a server with RAM_CACHE (vLLM's native
+    offloading connector) exports them: the connector's copies need CUDA, so no CPU capture has nonzero values."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("vllm:external_prefix_cache_queries_total{"):
+            line = line.rsplit(" ", 1)[0] + f" {queries}"
+        elif line.startswith("vllm:external_prefix_cache_hits_total{"):
+            line = line.rsplit(" ", 1)[0] + f" {hits}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_ram_cache_counters_are_zero_without_a_connector_and_read_with_one(smol_capture) -> None:
+    text = smol_capture.texts[-1]
+    plain = parse_scrape(text, 0.0)
+    assert plain.ram_cache_queries == 0 and plain.ram_cache_hits == 0
+    offloading = parse_scrape(with_connector_counters(text, 40_000.0, 30_000.0), 0.0)
+    assert (offloading.ram_cache_queries, offloading.ram_cache_hits) == (40_000.0, 30_000.0)
+    assert offloading.prefix_hits == plain.prefix_hits  # the GPU pool's own hits stay apart

@@ -247,6 +247,10 @@ function render(state) {
   const known = state.lifetime !== null;  // "off" only once the server said so
   set("w5m-prefix-hit-rate", state.prefix_cache || !known ? pct(w5.prefix_hit_rate) : "off");
   set("life-prefix-hit-rate", pct(life.prefix_hit_rate));
+  // RAM_CACHE: prompt tokens restored from host RAM instead of recomputed ("off" until a connector answered).
+  $("ram-card").classList.toggle("off", known && !state.ram_cache);
+  set("w5m-ram-cache-hit-rate", state.ram_cache || !known ? pct(w5.ram_cache_hit_rate) : "off");
+  set("life-ram-cache-hits", int(life.ram_cache_hits));
   $("spec-card").classList.toggle("off", known && !state.speculative);
   set("w5m-spec-tokens-per-step", state.speculative || !known ? num(w5.spec_tokens_per_step, 2) : "off");
   set("life-spec-tokens-per-step", num(life.spec_tokens_per_step, 2));
