@@ -22,19 +22,18 @@ Without a CUDA device it says so and exits 2 (nothing checked).
 from __future__ import annotations
 
 import argparse
-import ast
 import ctypes
 import ctypes.util
 import glob
-import importlib.util
 import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import kernel_extract  # scripts/kernel_extract.py (run as `python scripts/...`: scripts/ is on the path)
 
 FUNCTIONS = ("_dequant_gather_kernel", "_dequant_gather_triton", "_dequant_gather_torch")
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n"
@@ -43,27 +42,9 @@ GROUP = 128
 
 
 def load_functions(source: Path) -> ModuleType:
-    """A module holding the kernel, its launcher and the torch twin from `source` (Triton's jit needs a file)."""
-    text = source.read_text()
-    found = {
-        node.name: ast.get_source_segment(text, node)
-        for node in ast.parse(text).body
-        if isinstance(node, ast.FunctionDef) and node.name in FUNCTIONS
-    }
-    missing = sorted(set(FUNCTIONS) - found.keys())
-    if missing:
-        sys.exit(f"{source}: missing {missing} (is patch 0005 applied to this file?)")
-    scratch = Path(tempfile.mkdtemp()) / "ct_embedding_kernels.py"
-    # The kernel keeps its @triton.jit decorator; get_source_segment starts at `def`, so put it back.
-    chunks = [HEADER]
-    for name in FUNCTIONS:
-        chunks.append(("@triton.jit\n" if name == "_dequant_gather_kernel" else "") + found[name] + "\n\n")
-    scratch.write_text("".join(chunks))
-    spec = importlib.util.spec_from_file_location("ct_embedding_kernels", scratch)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A module holding the kernel, its launcher and the torch twin from `source`."""
+    return kernel_extract.load_functions(source, FUNCTIONS, HEADER, "ct_embedding_kernels",
+                                         "is patch 0005 applied to this file?")
 
 
 def cudart() -> ctypes.CDLL | None:

@@ -18,15 +18,14 @@ Without a CUDA device it says so and exits 2 (nothing proven).
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import json
 import random
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
+
+import kernel_extract  # scripts/kernel_extract.py (run as `python scripts/...`: scripts/ is on the path)
 
 KERNELS = ("_memcpy_u64_tiled", "_copy_mamba_state_block", "precopy_mamba_align_fused_kernel",
            "postprocess_mamba_fused_kernel")
@@ -48,30 +47,9 @@ def is_conv_state_dim_first():
 
 
 def load_functions(source: Path) -> ModuleType:
-    """A module holding the named functions of `source` (Triton's jit needs them in a real file)."""
-    tree = ast.parse(source.read_text())
-    wanted = set(KERNELS) | set(TWINS)
-    found = {node.name: ast.get_source_segment(source.read_text(), node, padded=False)
-             for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in wanted}
-    missing = sorted(wanted - found.keys())
-    if missing:
-        sys.exit(f"{source}: missing {missing} (is patch 0030 applied to this file?)")
-    text = source.read_text()
-    chunks = [HEADER]
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in wanted:
-            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            lines = text.splitlines()[start - 1:node.end_lineno]
-            chunks.append("\n".join(lines) + "\n\n")
-    folder = Path(tempfile.mkdtemp(prefix="mamba-align-"))
-    path = folder / "mamba_align_extract.py"
-    path.write_text("".join(chunks))
-    spec = importlib.util.spec_from_file_location("mamba_align_extract", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mamba_align_extract"] = module
-    spec.loader.exec_module(module)
-    return module
+    """A module holding the kernels and twins of `source` (Triton's jit needs them in a real file)."""
+    return kernel_extract.load_functions(source, KERNELS + TWINS, HEADER, "mamba_align_extract",
+                                         "is patch 0030 applied to this file?")
 
 
 def _i64(value: int) -> int:
