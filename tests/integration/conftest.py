@@ -157,8 +157,8 @@ class Server:
 
         return openai.AsyncOpenAI(base_url=self.v1_url, api_key=self.api_key, max_retries=0, timeout=300, **kwargs)
 
-    def metrics(self) -> dict[str, float]:
-        """`/metrics` summed by sample name (labels folded), with the key, whatever its protection."""
+    def metric_samples(self) -> list:
+        """Every sample of `/metrics` (prometheus_client's parser), read with the key, whatever its protection."""
         import requests
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -166,11 +166,27 @@ class Server:
             f"{self.base_url}/metrics", headers={"Authorization": f"Bearer {self.api_key}"}, timeout=30
         )
         response.raise_for_status()
+        return [sample for family in text_string_to_metric_families(response.text) for sample in family.samples]
+
+    def metrics(self) -> dict[str, float]:
+        """`/metrics` summed by sample name (labels folded)."""
         totals: dict[str, float] = {}
-        for family in text_string_to_metric_families(response.text):
-            for sample in family.samples:
-                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+        for sample in self.metric_samples():
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
         return totals
+
+    def spec_metrics(self) -> dict[str, float]:
+        """The speculative-decoding and prefix-cache counters of metrics()."""
+        return {k: v for k, v in self.metrics().items() if k.startswith(("vllm:spec_decode", "vllm:prefix_cache"))}
+
+    def accepted_per_position(self) -> dict[int, float]:
+        """Accepted draft tokens by draft position (the `position` label metrics() folds), summed over engines."""
+        out: dict[int, float] = {}
+        for sample in self.metric_samples():
+            if sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                position = int(sample.labels["position"])
+                out[position] = out.get(position, 0.0) + float(sample.value)
+        return out
 
 
 @pytest.fixture(scope="module")

@@ -49,29 +49,8 @@ def oracle(succ: list[int], prompt: list[int], n: int) -> list[int]:
     return chain(succ, succ[prompt[-1]], n)
 
 
-def counters(server) -> dict[str, float]:
-    metrics = server.metrics()
-    return {k: v for k, v in metrics.items() if k.startswith(("vllm:spec_decode", "vllm:prefix_cache"))}
-
-
 def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
     return after.get(name, 0.0) - before.get(name, 0.0)
-
-
-def accepted_per_position(server) -> dict[int, float]:
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(
-        f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=30
-    ).text
-    out: dict[int, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                position = int(sample.labels["position"])
-                out[position] = out.get(position, 0.0) + sample.value
-    return out
 
 
 def junk(seed: str, n: int) -> list[int]:
@@ -127,12 +106,12 @@ def test_mtp_plus_lookup_equals_no_speculation_over_turns_with_cache_hits(recall
     for token, turn 2 starts from a cache hit, and lookup-filled slots (past the drafter's 3) were accepted."""
     server = recall_mtp_lookup_server
     assert "Async scheduling is not compatible with speculative context_lookup" in server.log_text()
-    before = counters(server)
+    before = server.spec_metrics()
     concurrent = run(server, succ, concurrent=True)
-    middle = counters(server)
-    positions_before = accepted_per_position(server)
+    middle = server.spec_metrics()
+    positions_before = server.accepted_per_position()
     sequential = run(server, succ, concurrent=False)
-    after = counters(server)
+    after = server.spec_metrics()
 
     for turns in (concurrent, sequential):
         for name, answered in turns.items():
@@ -144,7 +123,7 @@ def test_mtp_plus_lookup_equals_no_speculation_over_turns_with_cache_hits(recall
     assert delta(middle, after, "vllm:prefix_cache_hits_total") >= 4 * BLOCK
     assert delta(before, middle, "vllm:spec_decode_num_drafts_total") > 0
     # The sequential pass accepted tokens in the slots only the lookup fills (the drafter drafts 3 of 8).
-    positions = accepted_per_position(server)
+    positions = server.accepted_per_position()
     lookup_only = sum(positions.get(p, 0.0) - positions_before.get(p, 0.0) for p in range(DRAFTER_TOKENS, 8))
     assert lookup_only > 0, positions
 
@@ -159,9 +138,9 @@ def test_copying_turn_fills_the_block_from_the_context(recall_mtp_lookup_server,
     assert server.greedy_token_ids(first, 16) == answer1  # the second request saves the boundary states
     history = first + answer1
     prompt = history + chain(succ, first[200], 1000 - len(history))
-    before = counters(server)
+    before = server.spec_metrics()
     answer2 = server.greedy_token_ids(prompt, 240)
-    after = counters(server)
+    after = server.spec_metrics()
     assert answer1 == oracle(succ, first, 16)
     assert answer2 == oracle(succ, prompt, 240)
     assert delta(before, after, "vllm:prefix_cache_hits_total") >= 2 * BLOCK
@@ -190,9 +169,9 @@ def test_smol_prompt_lookup_repeats_a_passage_as_without_speculation(smol_lookup
         tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
     )
     max_tokens = min(len(tokenizer.encode(DECLARATION)), 2040 - len(prompt))  # MAX_LEN 2048 (BASE_KNOBS)
-    before = counters(smol_lookup_server)
+    before = smol_lookup_server.spec_metrics()
     answer = smol_lookup_server.greedy_token_ids(prompt, max_tokens)
-    after = counters(smol_lookup_server)
+    after = smol_lookup_server.spec_metrics()
     assert answer == smol_server.greedy_token_ids(prompt, max_tokens)
     assert DECLARATION[:150] in tokenizer.decode(answer)
     drafts = delta(before, after, "vllm:spec_decode_num_drafts_total")

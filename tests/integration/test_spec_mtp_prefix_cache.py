@@ -26,7 +26,6 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
 pytestmark = [
     pytest.mark.integration,
@@ -130,35 +129,16 @@ def test_reference_follows_the_chain_and_depends_on_the_state(reference, succ):
     assert reference["metrics"].get("vllm:prefix_cache_hits_total", 0) == 0
 
 
-def spec_counters(server) -> dict[str, float]:
-    metrics = server.metrics()
-    return {k: v for k, v in metrics.items() if k.startswith(("vllm:spec_decode", "vllm:prefix_cache"))}
-
-
-def accepted_per_position(server) -> dict[str, float]:
-    text = requests.get(
-        f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=30
-    ).text
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                out[sample.labels["position"]] = out.get(sample.labels["position"], 0.0) + sample.value
-    return out
-
-
 def test_mtp_with_prefix_caching_equals_no_speculation_no_cache(recall_mtp_prefix_server, reference, succ):
     """Concurrent multi-turn conversations, then the same conversations again one by one (now mostly
     served from the prefix cache): token for token the reference's answers, with cache hits and accepted
     drafts visible in /metrics."""
     server = recall_mtp_prefix_server
-    before = spec_counters(server)
+    before = server.spec_metrics()
     concurrent = run_conversations(server, succ, concurrent=True)
-    middle = spec_counters(server)
+    middle = server.spec_metrics()
     sequential = run_conversations(server, succ, concurrent=False)
-    after = spec_counters(server)
+    after = server.spec_metrics()
 
     assert concurrent == reference["answers"]
     assert sequential == reference["answers"]
@@ -178,8 +158,8 @@ def test_mtp_with_prefix_caching_equals_no_speculation_no_cache(recall_mtp_prefi
     assert drafts > 0 and accepted > 0, (drafts, accepted)
     # Steps that accepted 1, 2 and 3 drafts all happened, so the state copies ran with every token bias
     # (measured over both passes: 400, 180, 90 accepted at positions 1, 2, 3 of 842 drafts).
-    per_position = accepted_per_position(server)
-    assert all(per_position.get(str(p), 0) > 0 for p in range(3)), per_position
+    per_position = server.accepted_per_position()
+    assert all(per_position.get(p, 0) > 0 for p in range(3)), per_position
 
 
 def test_repeated_prompts_at_block_boundaries(recall_mtp_prefix_server, succ):
