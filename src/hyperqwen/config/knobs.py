@@ -605,6 +605,23 @@ KNOBS: tuple[Knob, ...] = (
         max=2.0,
     ),
     Knob(
+        "GDN_PREFILL",
+        "choice",
+        "Kernel for the Gated-DeltaNet layers' prefill. auto: vLLM's choice, except on Hopper and newer cards "
+        "without the CuTe DSL package (nvidia-cutlass-dsl), where vLLM's FlashInfer kernel cannot load: there "
+        "Triton, said in one line at start.",
+        "--gdn-prefill-backend",
+        SPEED,
+        default="auto",
+        choices=("auto", "triton", "flashinfer"),
+        tradeoff="triton runs on every NVIDIA card; flashinfer is vLLM's pick on Hopper (needs nvidia-cutlass-dsl).",
+        details=(
+            "Seen on an H200 with vLLM 0.32.0 and no nvidia-cutlass-dsl: FlashInfer's GDN prefill imports "
+            "`cutlass.cute` and the engine fails to start; `--gdn-prefill-backend triton` boots "
+            "(scripts/gpu_lab, docs/gpu-lab.md). A 3090 or 4090 runs the Triton kernel either way.",
+        ),
+    ),
+    Knob(
         "EXTRA_ARGS",
         "args",
         "More vLLM arguments, appended last. Options a knob sets (key, host, port, model, "

@@ -111,12 +111,26 @@ def speculative_config(settings: Settings) -> dict | None:
     return None
 
 
+def gdn_prefill_fallback(compute_capability: tuple[int, int] | None, cute_dsl_installed: bool) -> str | None:
+    """Why GDN_PREFILL=auto must pick Triton here, or None. vLLM 0.32.0 picks FlashInfer's GDN prefill on
+    Hopper and newer (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py), a kernel that imports
+    `cutlass.cute` (nvidia-cutlass-dsl); without that package the engine fails to start (seen on an H200)."""
+    if compute_capability is None or compute_capability < (9, 0) or cute_dsl_installed:
+        return None
+    major, minor = compute_capability
+    return (
+        f"GDN_PREFILL=auto: Triton GDN prefill on this compute capability {major}.{minor} card, since vLLM's "
+        "FlashInfer kernel needs nvidia-cutlass-dsl, which is not installed"
+    )
+
+
 def build_command(
     settings: Settings,
     *,
     max_model_len: int | None = None,
     api_key: str | None,
     listen_host: str | None = None,
+    gdn_prefill_fallback: bool = False,
     python: str = sys.executable,
 ) -> VllmCommand:
     """Settings (+ the decided context length, the API key, the in-container listen address) -> the command.
@@ -126,6 +140,7 @@ def build_command(
     api_key: the key clients must send, or None for no key. It goes to vLLM through VLLM_API_KEY,
     never the command line. listen_host: where the server listens when it differs from BIND (inside a
     container it listens on 0.0.0.0 while compose publishes the port on BIND only).
+    gdn_prefill_fallback: GDN_PREFILL=auto on a card where vLLM's own pick cannot load (gdn_prefill_fallback()).
     Raises SettingsError when the combination is unsafe (exposed without a key).
     """
     bind = settings["BIND"]
@@ -215,6 +230,11 @@ def build_command(
     args += ["--sse-keep-alive-interval", str(settings["STREAM_KEEPALIVE"])]
     if settings["TEMPERATURE"] is not None:
         args += ["--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})]
+    gdn_prefill = settings["GDN_PREFILL"]
+    if gdn_prefill == "auto" and gdn_prefill_fallback:
+        gdn_prefill = "triton"
+    if gdn_prefill != "auto":
+        args.append(f"--gdn-prefill-backend={gdn_prefill}")
     args += list(settings["EXTRA_ARGS"])
 
     env = dict(settings.passthrough_env)

@@ -19,7 +19,7 @@ from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
-from hyperqwen.launch.command import VllmCommand, build_command
+from hyperqwen.launch.command import VllmCommand, build_command, gdn_prefill_fallback
 
 if TYPE_CHECKING:
     from hyperqwen.memory import GpuFacts
@@ -37,9 +37,21 @@ class Launch:
     settings: Settings
     budget: LaunchBudget
     command: VllmCommand
+    # Why GDN_PREFILL=auto chose Triton on this machine (said at start), or None.
+    gdn_reason: str | None = None
 
 
 GpuReader = Callable[[], "GpuFacts | None"]
+
+
+def probe_gdn_prefill() -> str | None:
+    """GDN_PREFILL=auto on this machine: gdn_prefill_fallback() over the card's compute capability and
+    whether the CuTe DSL package is installed (looked up, not imported: importing it costs seconds)."""
+    import importlib.util
+
+    from hyperqwen.memory.gpu import compute_capability
+
+    return gdn_prefill_fallback(compute_capability(), importlib.util.find_spec("cutlass") is not None)
 
 
 def read_gpu() -> GpuFacts | None:
@@ -75,18 +87,27 @@ def check_model_fit(settings: Settings) -> list[Problem]:
 
 
 def prepare_launch(
-    settings: Settings, environ: Mapping[str, str], gpu: GpuFacts | None, host: HostFacts | None = None
+    settings: Settings,
+    environ: Mapping[str, str],
+    gpu: GpuFacts | None,
+    host: HostFacts | None = None,
+    gdn_reason: str | None = None,
 ) -> Launch:
-    """Decide the budget, then build the command from that decision. Pure given `gpu` and `host`."""
+    """Decide the budget, then build the command from that decision. Pure given `gpu`, `host` and
+    `gdn_reason` (gdn_prefill_fallback()'s answer for this machine)."""
     problems = check_model_fit(settings)
     if problems:
         raise SettingsError(problems)
     api_key = read_api_key(settings)
     budget = decide_budget(settings, gpu, host)
     command = build_command(
-        settings, max_model_len=budget.max_model_len, api_key=api_key, listen_host=environ.get(LISTEN_HOST_ENV) or None
+        settings,
+        max_model_len=budget.max_model_len,
+        api_key=api_key,
+        listen_host=environ.get(LISTEN_HOST_ENV) or None,
+        gdn_prefill_fallback=gdn_reason is not None,
     )
-    return Launch(settings, budget, command)
+    return Launch(settings, budget, command, gdn_reason)
 
 
 def explain(launch: Launch) -> str:
@@ -107,6 +128,7 @@ def explain(launch: Launch) -> str:
         f"KV cache dtype: {launch.command.kv_cache_dtype}; max model length: {launch.command.max_model_len}",
         launch.budget.summary(),
         *launch.budget.notes,
+        *filter(None, [launch.gdn_reason]),
     ]
     from hyperqwen.spec.explain import spec_lines
 
@@ -195,9 +217,10 @@ def run(
     environ: Mapping[str, str] | None = None,
     *,
     gpu_reader: GpuReader = read_gpu,
+    gdn_prober: Callable[[], str | None] = probe_gdn_prefill,
     execve: Exec = os.execve,
 ) -> int:
-    """The command. gpu_reader and execve are the two I/O edges, replaceable in tests."""
+    """The command. gpu_reader, gdn_prober and execve are the I/O edges, replaceable in tests."""
     environ = os.environ if environ is None else environ
     card = getattr(args, "gpu", None)
     if card and card != "auto":
@@ -215,6 +238,7 @@ def run(
             print(f"hyperqwen serve: {exc}", file=sys.stderr)
             return 2
         gpu_reader = lambda: planned  # noqa: E731
+        gdn_prober = lambda: None  # noqa: E731 - a planned card is not this machine's
     try:
         settings = settings_from_args(args, environ)
         if not (args.print or args.explain):
@@ -224,7 +248,10 @@ def run(
                 report(model_problems)
                 return 2
         gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
-        launch = prepare_launch(settings, environ, gpu, read_host(settings) if gpu is not None else None)
+        gdn_reason = gdn_prober() if settings["GDN_PREFILL"] == "auto" else None
+        launch = prepare_launch(
+            settings, environ, gpu, read_host(settings) if gpu is not None else None, gdn_reason=gdn_reason
+        )
     except SettingsError as exc:
         report(exc.problems)
         print(
@@ -238,7 +265,7 @@ def run(
     if args.print:
         print(launch.command.shell_command())
         report(settings.warnings)
-        for note in launch.budget.notes:
+        for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
             print(f"hyperqwen: {note}", file=sys.stderr)
         return 0
     problems = check_extra_args_with_vllm(settings)
@@ -247,7 +274,7 @@ def run(
         print("hyperqwen: nothing was started.", file=sys.stderr)
         return 2
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
-    for note in launch.budget.notes:
+    for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
         print(f"hyperqwen: {note}", file=sys.stderr)
     if launch.budget.outcome is BudgetOutcome.DOES_NOT_FIT:
         print("hyperqwen: starting anyway because MEMORY_CHECK=warn", file=sys.stderr)

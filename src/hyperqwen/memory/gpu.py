@@ -249,6 +249,15 @@ def read_gpu_facts(device_index: int = 0) -> GpuFacts | None:
     return None
 
 
+def compute_capability(device_index: int = 0) -> tuple[int, int] | None:
+    """The card's CUDA compute capability (9.0 on Hopper) from nvidia-smi, or None without one."""
+    try:
+        major, _, minor = query_nvidia_smi("compute_cap", timeout=20)[device_index][0].partition(".")
+        return int(major), int(minor or 0)
+    except (GpuQueryError, ValueError, IndexError):
+        return None
+
+
 def fraction_that_fits(free_bytes: int, total_bytes: int) -> float:
     """The largest GPU_UTIL (3 decimals) whose request vLLM's startup check accepts with `free_bytes` free."""
     return math.floor(free_bytes / total_bytes * 1000) / 1000 if total_bytes else 0.0
