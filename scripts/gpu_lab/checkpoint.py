@@ -14,6 +14,11 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from support.synthetic_checkpoint import FULL, write_synthetic_checkpoint  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+# `hyperqwen bench` speaks chat completions; without a template vLLM answers 400 (seen in the first session).
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # The served context of CTX=huge; the synthetic config's own limit is smaller.
 MAX_POSITIONS = 262144
 
@@ -35,7 +40,7 @@ def write_full_vocab_tokenizer(directory: Path, vocab_size: int) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "model_max_length": MAX_POSITIONS}, indent=1) + "\n")
+        "model_max_length": MAX_POSITIONS, "chat_template": CHATML}, indent=1) + "\n")
 
 
 def write_lab_checkpoint(directory: Path, shape=FULL) -> None:

@@ -21,10 +21,6 @@ _MiB, _GiB = 1024**2, 1024**3
 # embedding's parameters are eligible, and all of them fit under it (a bf16 table of this model family is
 # 2.4 GiB; the prepared int8 one 1.2 GiB).
 EMBED_OFFLOAD_CAP_GIB = 4
-# Calibrated in docs/memory.md ("Calibration") against the 3090 reference's published KV pools
-# (github.com/syv-ai/qwen38-27b-rtx3090): MTP at GPU_UTIL 0.93 and batch fp8 at 0.972 imply 0.75-0.80 GiB
-# for graphs + non-torch memory once weights and the measured 1.09 GiB activation peak are taken out.
-_CUDA_GRAPHS_DEFAULT = 800 * _MiB
 
 # Value maps that turn a knob's user-facing choice into vLLM values. They live here, next to the knob,
 # so docs and validation see the same table the planner uses.
@@ -419,16 +415,15 @@ KNOBS: tuple[Knob, ...] = (
         "CUDA_GRAPHS",
         "bytes",
         "CUDA-graph memory plus non-torch allocations after vLLM's start snapshot, "
-        "taken from the KV pool (vLLM's graph-memory estimate).",
+        "taken from the KV pool; empty = vLLM's graph-memory estimate for the captured sizes plus 0.35 GiB.",
         "hyperqwen: memory check",
         MEMORY,
-        default=_CUDA_GRAPHS_DEFAULT,
+        default=None,
         min=0,
         max=64 * _GiB,
         details=(
-            "800 MiB: calibrated so the planner reproduces the 3090 reference's published KV pools "
-            "(73,777 tokens with MTP at GPU_UTIL 0.93; 223,821 with fp8 KV at 0.972) within 3% "
-            "(docs/memory.md, Calibration).",
+            "Measured by the GPU lab (docs/gpu-lab.md, docs/data/gpu): vLLM 0.32.0 estimated 0.25 GiB of graphs "
+            "in single mode and 0.40 GiB in batch mode, and used 0.31-0.35 GiB of non-torch memory.",
         ),
     ),
     Knob(

@@ -167,13 +167,27 @@ class Term:
     source: str
 
 
-# The profile run's activation peak measured on the 3090 reference in batch mode with a warm compile
-# cache: 1.09 GiB at 2048 batched tokens, 64 sequences, no speculation (github.com/syv-ai/qwen38-27b-rtx3090,
-# docs/gotchas.md 16; a cold cache profiles 1.96 GiB once). It holds GDN chunk workspaces and kernel
-# scratch that the model's shapes alone do not show, so other settings scale from it.
-MEASURED_ACTIVATION_PEAK = int(1.09 * GiB)
-MEASURED_AT_BATCHED_TOKENS = 2048
-MEASURED_AT_SEQS, MEASURED_AT_K = 64, 0
+# The start profile's transient activation peak on CUDA, measured by this project's GPU lab on an H200 given a
+# 3090's budget (docs/data/gpu/2026-12-02-h200-as-rtx3090-*-cold.json: vLLM's "peak activation" less its
+# CUDA-graph estimate, on a cold torch.compile cache, which is what a first start and every changed setting
+# get): 1.19 GiB in batch mode (2048 batched tokens, 64 sequences, no speculation) and 1.25 GiB in single
+# mode (2048, 4 sequences, MTP k=4; the drafter's own profile run adds to the target's). A warm cache
+# profiles far less (0.33 GiB in single mode): the planner plans the cold start, so a later one only gains.
+# (batched tokens, sequences, k) -> bytes
+MEASURED_ACTIVATION_PEAKS = {
+    "none": (int(1.19 * GiB), 2048, 64, 0),
+    "mtp": (int(1.25 * GiB), 2048, 4, 4),
+}
+# vLLM 0.32.0's CUDA-graph memory estimate (taken from the pool before it is sized) and the process's
+# non-torch memory, from the same recordings: the estimate was 0.25 GiB with graphs up to 40 tokens (single)
+# and 0.40 GiB up to 128 (batch), a line in the largest captured size; non-torch memory 0.31-0.35 GiB.
+GRAPH_ESTIMATE_BASE = int(0.182 * GiB)
+GRAPH_ESTIMATE_PER_TOKEN = int(0.15 / 88 * GiB)
+NON_TORCH = int(0.35 * GiB)
+# "Model loading took 14.8 GiB" (single) and 14.4 GiB (batch) against 14.54 and 14.14 GiB of tensors in the
+# safetensors headers: CUDA holds ~0.26 GiB more than the tensors while loading (kernel workspaces, repacked
+# quantized weights); 0.27 covers the log's two-decimal rounding.
+CUDA_LOAD_OVERHEAD = int(0.27 * GiB)
 
 
 def activation_peak_estimate(
@@ -184,30 +198,39 @@ def activation_peak_estimate(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     k: int,
+    *,
+    mtp: bool = False,
 ) -> Term:
-    """The profile run's transient activation peak: the measured 1.09 GiB, moved by what differs.
+    """The cold start profile's transient activation peak: the nearest measurement, moved by what differs.
 
     Per batched token a step holds the MLP's gate_up output (2I) and its activated half (I) plus a few
     hidden-size tensors (residual, normed input, attention output: 4H); the sampler holds float32 logits
     for every position it scores: max_num_seqs x (1 + k) x vocab. The difference of these from the
     measured setting is added to (or taken from) the measurement.
     """
+    measured, at_tokens, at_seqs, at_k = MEASURED_ACTIVATION_PEAKS["mtp" if mtp else "none"]
     per_token = model_dtype_bytes * (3 * shape_intermediate + 4 * shape_hidden)
 
     def logits(seqs: int, kk: int) -> int:
         return seqs * (1 + kk) * vocab * 4
 
-    value = (
-        MEASURED_ACTIVATION_PEAK
-        + (max_num_batched_tokens - MEASURED_AT_BATCHED_TOKENS) * per_token
-        + logits(max_num_seqs, k)
-        - logits(MEASURED_AT_SEQS, MEASURED_AT_K)
-    )
+    value = measured + (max_num_batched_tokens - at_tokens) * per_token + logits(max_num_seqs, k) - logits(at_seqs, at_k)
     return Term(
         max(value, 0),
-        f"1.09 GiB measured on a 3090 at 2048 batched tokens, 64 sequences (3090 reference, "
-        f"warm cache), moved to {max_num_batched_tokens} tokens x {per_token:,} B and "
-        f"logits for {max_num_seqs} x (1+{k}); vLLM measures the real one at boot",
+        f"{measured / GiB:.2f} GiB measured cold on CUDA at {at_tokens} batched tokens, {at_seqs} sequences, "
+        f"k={at_k} (docs/data/gpu), moved to {max_num_batched_tokens} tokens x {per_token:,} B and logits for "
+        f"{max_num_seqs} x (1+{k}); vLLM measures the real one at boot",
+    )
+
+
+def cuda_graphs_estimate(capture_sizes: list[int]) -> Term:
+    """vLLM's CUDA-graph memory estimate plus non-torch memory, both taken before the pool is sized."""
+    largest = max(capture_sizes, default=0)
+    graphs = GRAPH_ESTIMATE_BASE + GRAPH_ESTIMATE_PER_TOKEN * largest
+    return Term(
+        graphs + NON_TORCH,
+        f"graph estimate {graphs / GiB:.2f} GiB (graphs up to {largest} tokens) + non-torch {NON_TORCH / GiB:.2f} "
+        "GiB, measured on CUDA (docs/data/gpu)",
     )
 
 
@@ -588,8 +611,10 @@ def plan_inputs(
     weights = term(
         "WEIGHTS",
         Term(
-            w.resident(language_model_only=i.language_model_only, with_mtp=False) + drafter_term.value,
-            f"safetensors headers ({ckpt_source})",
+            w.resident(language_model_only=i.language_model_only, with_mtp=False) + drafter_term.value
+            + CUDA_LOAD_OVERHEAD,
+            f"safetensors headers ({ckpt_source}) + {CUDA_LOAD_OVERHEAD / GiB:.2f} GiB CUDA holds beyond them "
+            "while loading (docs/data/gpu)",
         ),
     )
     # EMBED_ON_HOST: vLLM's UVA offloader moves embed_tokens to pinned host memory as the model is built
@@ -612,10 +637,14 @@ def plan_inputs(
     act = term(
         "ACTIVATION_PEAK",
         activation_peak_estimate(
-            s.hidden_size, s.intermediate_size, s.vocab_size, mdb, i.max_num_batched_tokens, i.max_num_seqs, k
+            s.hidden_size, s.intermediate_size, s.vocab_size, mdb, i.max_num_batched_tokens, i.max_num_seqs, k,
+            mtp=with_mtp,
         ),
     )
-    graphs = term("CUDA_GRAPHS", Term(0, "CUDA_GRAPHS"))
+    graphs = term(
+        "CUDA_GRAPHS",
+        cuda_graphs_estimate(default_cudagraph_capture_sizes(i.max_num_seqs, k, i.max_num_batched_tokens)),
+    )
     uncounted = term(
         "UNCOUNTED_GRAPHS",
         Term(

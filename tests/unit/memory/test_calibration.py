@@ -1,35 +1,82 @@
-"""The planner against the 3090 reference's published KV pools (github.com/syv-ai/qwen38-27b-rtx3090).
+"""The planner held to CUDA truth: every boot the GPU lab recorded (docs/data/gpu/*.json, docs/gpu-lab.md).
 
-That deployment ran vLLM 0.27.1 on a headless RTX 3090 (CUDA total 23.56 GiB) with --max-num-batched-tokens
-2048, fp16 GDN state, prefix caching off, and published its pools as vLLM's log line "GPU KV cache size: N
-tokens". Conversion back to bytes: the log line is int(num_blocks / blocks_per_request(MAX_LEN) x MAX_LEN)
-(kv_cache_utils.get_kv_cache_capacity; the same formula gives the reference's own "1.49x concurrency at
-150k" for 223,821 tokens), so exactly one block count reproduces each published number, and the pool is
-that count times the bytes per block of the layout those settings give. Weights: 14.26 GiB "model loading"
-with --language-model-only (its docs/gotchas.md 9), plus the MTP head from the bundled shapes for MTP.
+Each recording is a real vLLM 0.32.0 start on a CUDA card given a named card's budget, with the planner's
+inputs on that machine. For every cold recording (empty torch.compile cache: what a first start and every
+changed setting get) the planner's pool must be within -3%..+1% of vLLM's "GPU KV cache size" line: it may
+promise a little less than a first start gets, never more. A warm recording's pool is larger (the profile
+peak falls once the compile cache exists); the planner stays at or below it.
+
+The 3090 reference's published pools (github.com/syv-ai/qwen38-27b-rtx3090, vLLM 0.27.1, warm starts) are
+kept as a check from outside: the planner, now calibrated to cold CUDA starts, lands at most 1% above them
+and below them by no more than the cold-to-warm swing the recordings show.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from hyperqwen.config.settings import resolve_settings
 from hyperqwen.config.sizes import GiB
 from hyperqwen.memory import GpuFacts, plan_memory
+from hyperqwen.memory.budget import CUDA_LOAD_OVERHEAD
 from hyperqwen.memory.bundled import load_bundled_checkpoint
 from hyperqwen.memory.gpu import CARDS
 
+ROOT = Path(__file__).resolve().parents[3]
+RECORDINGS = sorted((ROOT / "docs" / "data" / "gpu").glob("*.json"))
+SERVED = [p for p in RECORDINGS if json.loads(p.read_text())["status"] == "served"]
 RTX3090 = GpuFacts.of_card(CARDS["rtx3090"])
-BODY = int(14.26 * GiB)
 
-# (name, settings, MAX_LEN, published "GPU KV cache size" tokens)
-SETUPS = [
-    ("single-user CTX=fast: MTP k=4, bf16 KV, 64k, GPU_UTIL 0.93",
+
+def plan_for(record: dict):
+    """The planner for the recording's card and settings, with the weights it read from the lab's checkpoint
+    headers (the synthetic checkpoint's shapes, recorded by the planner on the lab machine)."""
+    assert record["emulated_card"] == "rtx3090"
+    settings = resolve_settings({k: str(v) for k, v in record["set"].items()}, mode=record["mode"])
+    headers = record["planner"]["terms_bytes"]["weights"]
+    if record["planner"]["terms_bytes"]["weights"] and "CUDA_LOAD_OVERHEAD" not in record["planner"]:
+        headers += CUDA_LOAD_OVERHEAD  # recorded before the overhead was a term: the headers alone
+    return plan_memory(settings, RTX3090, checkpoint=load_bundled_checkpoint(), terms={"WEIGHTS": headers})
+
+
+def test_there_are_recordings():
+    assert len(SERVED) >= 5, [p.name for p in RECORDINGS]
+
+
+@pytest.mark.parametrize("path", SERVED, ids=[p.stem for p in SERVED])
+def test_planner_pool_against_the_recording(path):
+    record = json.loads(path.read_text())
+    b = plan_for(record)
+    truth = record["vllm"]["pool_tokens"]
+    assert b.max_model_len == record["vllm"]["max_model_len"]
+    ratio = b.pool_tokens / truth - 1
+    if record["compile_cache"] == "cold":
+        assert -0.03 <= ratio <= 0.01, (path.name, b.pool_tokens, truth, f"{ratio:+.2%}")
+    else:
+        assert ratio <= 0.01, (path.name, b.pool_tokens, truth, f"{ratio:+.2%}")
+
+
+def test_recorded_requests_succeeded_and_one_token_prompts_survive():
+    for path in SERVED:
+        requests = json.loads(path.read_text())["requests"]
+        assert requests["roundtrip"]["status"] == 200, path.name
+        if "one_token" in requests:  # the CUDA server survives a one-token prompt (the CPU kernel did not)
+            assert requests["one_token"]["status"] == 200 and requests["one_token_then_health"] == 200, path.name
+
+
+# (name, settings, MAX_LEN, published "GPU KV cache size" tokens) of the 3090 reference, prefix caching off.
+REFERENCE = [
+    ("MTP k=4, bf16 KV, 64k, GPU_UTIL 0.93",
      {"SPEC": "mtp", "DRAFT_TOKENS": "4", "KV": "bf16", "GPU_UTIL": "0.93", "MAX_SEQS": "8"}, 65536, 73_777),
     ("batch: fp8 KV, 150k, 64 sequences, GPU_UTIL 0.972",
      {"SPEC": "none", "KV": "fp8", "GPU_UTIL": "0.972", "MAX_SEQS": "64"}, 150_000, 223_821),
 ]
 COMMON = {"STATE_DTYPE": "float16", "PREFIX_CACHE": "false", "MAX_BATCHED_TOKENS": "2048"}
+# The largest cold-to-warm drop of the profile peak among the recordings (single mode: 1.50 -> 0.58 GiB).
+COLD_WARM_SWING = int(0.92 * GiB)
 
 
 def implied_pool_bytes(budget, max_len: int, tokens: int) -> int:
@@ -40,35 +87,23 @@ def implied_pool_bytes(budget, max_len: int, tokens: int) -> int:
     return counts[0] * budget.layout.bytes_per_block
 
 
-def plan_setup(env: dict, max_len: int, **extra: str):
+@pytest.mark.parametrize("name,env,max_len,tokens", REFERENCE, ids=[s[0].split(":")[0] for s in REFERENCE])
+def test_reference_warm_pools_are_not_promised(name, env, max_len, tokens):
     checkpoint = load_bundled_checkpoint()
-    settings = resolve_settings({**COMMON, **env, **extra}, mode="batch")
+    settings = resolve_settings({**COMMON, **env}, mode="batch")
     mtp = checkpoint.weights(2).mtp if env["SPEC"] == "mtp" else 0
-    return plan_memory(settings, RTX3090, max_len=max_len, checkpoint=checkpoint, terms={"WEIGHTS": BODY + mtp})
-
-
-@pytest.mark.parametrize("name,env,max_len,tokens", SETUPS, ids=[s[0].split(":")[0] for s in SETUPS])
-def test_pool_within_3_percent_of_the_published_pool(name, env, max_len, tokens):
-    b = plan_setup(env, max_len)
+    # The reference's own "model loading" line (14.26 GiB, --language-model-only) already holds CUDA's overhead.
+    b = plan_memory(settings, RTX3090, max_len=max_len, checkpoint=checkpoint,
+                    terms={"WEIGHTS": int(14.26 * GiB) + mtp})
     published = implied_pool_bytes(b, max_len, tokens)
-    assert abs(b.pool_bytes - published) <= 0.03 * published, (name, b.pool_bytes / GiB, published / GiB)
-
-
-def test_batch_with_prefix_caching_is_within_the_documented_profile_swing():
-    """The third published pool (193,298 tokens, PREFIX_CACHE=1) converts to 0.85 GiB less than the run
-    without prefix caching, while vLLM 0.32.0's arithmetic charges prefix caching only 3 state pages per
-    request in the pool, not memory outside it. The reference documents a 0.87 GiB swing of the profiled
-    activation peak between starts (docs/gotchas.md 9) and a cold compile cache costing ~0.87 GiB once
-    (gotcha 16): the planner lands within that swing (+3%), not within 3%. Said plainly in docs/memory.md."""
-    env = {"SPEC": "none", "KV": "fp8", "GPU_UTIL": "0.972", "MAX_SEQS": "64"}
-    b = plan_setup(env, 150_000, PREFIX_CACHE="true")
-    published = implied_pool_bytes(b, 150_000, 193_298)
-    assert 0 <= b.pool_bytes - published <= int(0.87 * GiB) + 0.03 * published
+    assert published - COLD_WARM_SWING <= b.pool_bytes <= published * 1.01, (name, b.pool_bytes / GiB, published / GiB)
 
 
 def test_the_defaults_get_what_a_linux_3090_gives():
-    """Single mode fits 65,536 tokens with MTP; batch admits 64 concurrent 128-in/512-out requests."""
+    """Single mode fits 65,536 tokens with MTP. Batch admits 64 requests; a cold start's pool holds 61
+    128-in/512-out requests at once (the batch recording: 247 blocks of 4 per request), the rest wait for a
+    slot, so 64 stays the cap (docs/memory.md)."""
     single = plan_memory(resolve_settings({}, mode="single"), RTX3090)
     assert single.fits and single.max_model_len == 65536 and single.inputs.spec_method == "mtp"
     batch = plan_memory(resolve_settings({}, mode="batch"), RTX3090)
-    assert batch.fits and batch.resident_requests[640] == 64 == batch.inputs.max_num_seqs
+    assert batch.fits and batch.inputs.max_num_seqs == 64 and 60 <= batch.resident_requests[640] <= 64
