@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import PurePath
 from typing import Any
 
@@ -327,12 +328,18 @@ def check_owned_values(settings: Settings) -> list[Problem]:
     return problems
 
 
+@lru_cache(maxsize=1)
+def _vllm_parser() -> Any:
+    """vLLM's server parser, built once per process (building it takes about a second; importing vLLM more)."""
+    from hyperqwen.config.extra_args import vllm_parser
+
+    return vllm_parser()
+
+
 def parsed_owned_values(vllm_args: Sequence[str], parser: Any | None = None) -> dict[str, Any]:
     """What vLLM's own parser (the one `python -m vllm.entrypoints.openai.api_server` builds) makes of the owned
     settings in `vllm_args`. Imports vLLM. Raises SystemExit/ValueError where vLLM refuses the arguments."""
-    from hyperqwen.config.extra_args import vllm_parser
-
-    parsed = (parser or vllm_parser()).parse_args(list(vllm_args))
+    parsed = (parser or _vllm_parser()).parse_args(list(vllm_args))
     return {name: getattr(parsed, name, None) for name in OwnedValues("", 0, "", "").expected()}
 
 
