@@ -371,20 +371,21 @@ def _table_owned_values(vllm_args: Sequence[str]) -> dict[str, Any]:
 
 
 def check_command(command: VllmCommand, parser: Any | None = None) -> list[str]:
-    """The whole final argv through vLLM's own parser (its option table where vLLM is not importable): every
-    owned setting must parse to exactly what HyperQwen decided. `--print`, `--explain` and the real start all
-    run this, so what `--print` accepts the start accepts. One message per difference; values are never shown
-    for the key."""
+    """The whole final argv read as vLLM's parser reads it: every owned setting must come out exactly as
+    HyperQwen decided. One message per difference; the key's value is never shown.
+
+    parser None: vLLM's option table (config/vllm_options.json, generated from vLLM's parser; an integration
+    test proves both read our argv alike). It takes milliseconds, so `--print`, `--explain` and the start all
+    run it and agree. The start also runs the real parser (`check_command_with_vllm`) right before the exec."""
     if command.owned is None:
         return []
     import contextlib
-    import importlib.util
     import io
 
     captured = io.StringIO()
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(captured):
-            if parser is not None or importlib.util.find_spec("vllm") is not None:
+            if parser is not None:
                 got = parsed_owned_values(command.vllm_args, parser)
             else:
                 got = _table_owned_values(command.vllm_args)
@@ -404,3 +405,13 @@ def check_command(command: VllmCommand, parser: Any | None = None) -> list[str]:
                 "something in the settings or EXTRA_ARGS is read as an option"
             )
     return messages
+
+
+def check_command_with_vllm(command: VllmCommand) -> list[str]:
+    """check_command with vLLM's own parser (imports vLLM: seconds), where vLLM is installed; [] elsewhere
+    (then nothing could be exec'd anyway)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    return check_command(command, _vllm_parser())

@@ -19,7 +19,7 @@ from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
-from hyperqwen.launch.command import VllmCommand, build_command, check_command
+from hyperqwen.launch.command import VllmCommand, build_command, check_command, check_command_with_vllm
 
 if TYPE_CHECKING:
     from hyperqwen.memory import GpuFacts
@@ -189,12 +189,18 @@ def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
 
 def check_before_start(launch: Launch) -> list[Problem]:
     """The one check `--print`, `--explain` and the real start share, so what one accepts the others accept:
-    EXTRA_ARGS through vLLM's parser, then the WHOLE final argv through it, with every owned setting (host,
-    port, model, served name, key, socket) required to parse to exactly what HyperQwen decided."""
+    the WHOLE final argv read as vLLM's parser reads it (its option table), with every owned setting (host,
+    port, model, served name, key, socket) required to come out exactly as HyperQwen decided."""
+    return [Problem("error", message, "EXTRA_ARGS") for message in check_command(launch.command)]
+
+
+def check_with_vllm_before_exec(launch: Launch) -> list[Problem]:
+    """Right before the exec, where vLLM is installed: EXTRA_ARGS and then the whole argv through vLLM's own
+    parser (the same verdicts as check_before_start, from the parser itself rather than its table)."""
     problems = check_extra_args_with_vllm(launch.settings)
     if problems:
         return problems
-    return [Problem("error", message, "EXTRA_ARGS") for message in check_command(launch.command)]
+    return [Problem("error", message, "EXTRA_ARGS") for message in check_command_with_vllm(launch.command)]
 
 
 Exec = Callable[[str, list[str], dict[str, str]], object]
@@ -256,6 +262,11 @@ def run(
         for note in launch.budget.notes:
             print(f"hyperqwen: {note}", file=sys.stderr)
         return 0
+    problems = check_with_vllm_before_exec(launch)
+    if problems:
+        report(problems)
+        print("hyperqwen: nothing was started.", file=sys.stderr)
+        return 2
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
     for note in launch.budget.notes:
         print(f"hyperqwen: {note}", file=sys.stderr)
