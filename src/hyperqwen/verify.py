@@ -387,7 +387,7 @@ def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | No
 def check_settings(
     report: Report, environ: Mapping[str, str], args: argparse.Namespace | None = None
 ) -> Deployment | None:
-    from hyperqwen.config.settings import SettingsError, is_loopback
+    from hyperqwen.config.settings import SettingsError, describe_bind, is_loopback
 
     try:
         dep = resolve_deployment(environ, args)
@@ -401,13 +401,13 @@ def check_settings(
     elif is_loopback(dep.bind):
         report.warn(
             "api key",
-            f"no API key: fine while BIND={dep.bind} (loopback only); create one before exposing "
+            f"no API key: fine while BIND={describe_bind(dep.bind)}, this machine only; create one before exposing "
             "the API: openssl rand -hex 16 > models/api_key.txt",
         )
     else:
         report.fail(
             "api key",
-            f"BIND={dep.bind} exposes the API beyond this machine but no API key is set; "
+            f"BIND={describe_bind(dep.bind)} exposes the API beyond this machine but no API key is set; "
             "create one: openssl rand -hex 16 > models/api_key.txt (or set VLLM_API_KEY)",
         )
     return dep

@@ -16,7 +16,8 @@ def test_accepted_extra_args_pass_the_real_parser():
 
 
 @pytest.mark.parametrize("words", [("--api_key", "sk-smuggled-0123456789"), ("--api-k=sk-smuggled-0123456789",),
-                                   ("--enforce-eager", "Mtp")])
+                                   ("--enforce-eager", "Mtp"), ("-h",), ("--help",), ("--uds", "/tmp/s"),
+                                   ("--headless",)])
 def test_what_the_table_would_miss_the_real_parser_refuses(words):
     # Settings bypassing the table check (as if the committed table were stale): the real parser still refuses.
     base = resolve_settings({}, mode="single")

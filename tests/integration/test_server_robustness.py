@@ -130,3 +130,31 @@ def test_empty_message_list_is_4xx(smol_server):
     assert 400 <= response.status_code < 500, (response.status_code, response.text)
     assert _error_message(response), response.text
     assert_still_serving(smol_server)
+
+
+# --- one-token prompts on a Gated-DeltaNet model (patch 0012) ------------------------------------------------
+
+
+@pytest.mark.needs_patch("0012-gdn-conv1d-one-token-prefill-cpu.patch")
+@pytest.mark.parametrize("fixture", ["tiny_qwen_prefix_server", "tiny_qwen_mtp_server"])
+def test_one_token_prompt_keeps_engine_alive(fixture, request):
+    """A one-token prefill made vLLM 0.32.0's CPU GDN conv kernel raise "expect x to be transposed" and the
+    engine died (every later request 500, /health red), with prefix caching on (tiny_qwen_prefix_server) and
+    with SPEC=mtp (tiny_qwen_mtp_server). Both reuse the session's servers: no new server for this test."""
+    server = request.getfixturevalue(fixture)
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    one_token = requests.post(f"{server.base_url}/tokenize", json={"model": server.served_model_name, "prompt": "hi"},
+                              headers=headers, timeout=60).json()["tokens"][:1]
+    for body in ({"prompt": "hi"}, {"prompt": one_token}):
+        response = requests.post(f"{server.v1_url}/completions", headers=headers, timeout=300,
+                                 json={"model": server.served_model_name, "max_tokens": 2, "temperature": 0, **body})
+        assert response.status_code == 200, response.text[:500]
+    chat = requests.post(f"{server.v1_url}/chat/completions", headers=headers, timeout=300, json={
+        "model": server.served_model_name, "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 2, "temperature": 0, "truncate_prompt_tokens": 1})
+    assert chat.status_code in (200, 400), chat.text[:500]  # a 400 (truncation refused) is fine; a dead engine not
+    assert requests.get(f"{server.base_url}/health", timeout=10).status_code == 200
+    normal = requests.post(f"{server.v1_url}/completions", headers=headers, timeout=300, json={
+        "model": server.served_model_name, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    assert normal.status_code == 200 and normal.json()["choices"][0]["text"] is not None
+    assert "expect x to be transposed" not in server.log_text()

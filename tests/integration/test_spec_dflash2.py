@@ -180,8 +180,10 @@ def _spec_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str,
 def test_serve_passes_the_checked_drafter_to_vllm(dflash_server, test_models):
     import json
 
+    from hyperqwen.launch.command import argv_value
+
     args = dflash_server.planned_vllm_args()
-    spec = json.loads(args[args.index("--speculative-config") + 1])
+    spec = json.loads(argv_value(args, "--speculative-config"))
     assert spec == {"method": "dflash", "model": str(test_models["tiny-dflash"]), "num_speculative_tokens": 4}
     assert "Resolved architecture: DFlashDraftModel" in dflash_server.log_text()
 

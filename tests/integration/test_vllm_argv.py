@@ -138,16 +138,30 @@ def test_dflash_and_mtp_are_vllm_methods():
 
 
 def test_exec_reaches_vllm_with_the_planned_argv(tmp_path):
-    """`hyperqwen serve` really execs vLLM's server: with --help appended, vLLM's own parser answers."""
+    """`hyperqwen serve` really execs vLLM's server with the planned argv: vLLM's parser takes it, and vLLM
+    itself then refuses the empty model config (no model here, so it cannot serve)."""
     model = tmp_path / "qwen3.8-27b"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    environ = {**os.environ, "MODELS_DIR": str(tmp_path), "EXTRA_ARGS": "--help", "VLLM_API_KEY": KEY}
+    environ = {**os.environ, "MODELS_DIR": str(tmp_path), "VLLM_API_KEY": KEY}
     result = subprocess.run([sys.executable, "-m", "hyperqwen", "serve", "--mode", "single"], env=environ,
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "--speculative-config" in result.stdout and "--kv-cache-memory-bytes" in result.stdout
-    assert KEY not in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert result.returncode not in (0, 2), output[-3000:]  # 2 would be HyperQwen refusing before the exec
+    assert "nothing was started" not in output and str(model) in output, output[-3000:]
+    assert KEY not in output
+
+
+def test_extra_args_help_is_refused_before_the_exec(tmp_path):
+    """`EXTRA_ARGS=-h` made the server print vLLM's help and exit 0 instead of serving; now it is one line, exit 2."""
+    model = tmp_path / "qwen3.8-27b"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    environ = {**os.environ, "MODELS_DIR": str(tmp_path), "EXTRA_ARGS": "-h", "VLLM_API_KEY": KEY}
+    result = subprocess.run([sys.executable, "-m", "hyperqwen", "serve", "--mode", "single"], env=environ,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2 and "prints vLLM's help" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "usage:" not in result.stdout
 
 
 def test_unknown_flag_in_extra_args_is_rejected_by_vllm_parser(parser):

@@ -47,6 +47,15 @@ KEY_KNOBS = ("VLLM_API_KEY", "API_KEY_FILE")
 SECRET_FLAGS: dict[str, tuple[str, ...]] = {KEY_FLAG: KEY_KNOBS, "--hf-token": ("HF_TOKEN",)}
 # A YAML file of options (FlexibleArgumentParser._pull_args_from_config): it could set any owned option.
 CONFIG_FLAG = "--config"
+# vLLM options that stop the server from serving HTTP on BIND:PORT, with what they do instead: with them the
+# server prints and exits, or listens elsewhere, and BIND, PORT (and the loopback/key decision) go inert.
+INERT_DESTS = {
+    "help": "prints vLLM's help and exits instead of serving",
+    "uds": "listens on a Unix socket, so BIND and PORT are ignored",
+    "headless": "starts engines without the API server, so nothing listens on BIND:PORT",
+    "grpc": "serves gRPC instead of the HTTP API on BIND:PORT",
+    "grpc_port": "opens a gRPC port besides PORT, outside what BIND and the key decision cover",
+}
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _FLAG_RE = re.compile(r"--[a-z0-9][a-z0-9-]*")
@@ -138,7 +147,7 @@ class Word:
 
     index: int
     text: str
-    kind: str  # "option" | "value" | "positional" | "unknown" | "ambiguous" | "control"
+    kind: str  # "option" | "value" | "positional" | "unknown" | "ambiguous" | "control" | "flag-with-value"
     dest: str | None = None
     option: str | None = None  # the canonical option string it resolved to
     candidates: tuple[str, ...] = ()
@@ -242,6 +251,8 @@ def resolve(words: Sequence[str], table: OptionTable | None = None) -> list[Word
                 i += 1
             continue
         if attached is not None:
+            if option.nargs in (0, "0"):  # argparse: "ignored explicit argument" (`--enforce-eager=1`)
+                result[-1] = Word(result[-1].index, word, "flag-with-value", option.dest, option.string)
             continue
         nargs = option.nargs
         if nargs in (0, "0"):
@@ -313,6 +324,16 @@ def problems_in(words: Sequence[str], table: OptionTable | None = None, builder_
             messages.append(
                 f"{where} is an abbreviation that matches several vLLM options ({shown}); spell the option out{extra}"
             )
+        elif word.kind == "flag-with-value":
+            messages.append(
+                f"{where} gives a value to {word.option}, which takes none (vLLM would refuse it at start); "
+                f"write {word.option} alone to turn it on"
+            )
+        elif word.kind == "option" and word.dest in INERT_DESTS:
+            messages.append(
+                f"{where} ({word.option}) {INERT_DESTS[word.dest]}; HyperQwen serves the HTTP API on BIND:PORT, "
+                "so it cannot be passed in EXTRA_ARGS"
+            )
         elif word.kind == "option" and word.dest in owned:
             knobs = owned[word.dest]
             same = "" if word.text.split("=", 1)[0] == word.option else f" (vLLM reads it as {word.option})"
@@ -361,7 +382,7 @@ def builder_flags(settings: Any) -> tuple[str, ...]:
         return ()
     extra = len(settings["EXTRA_ARGS"])
     own = args[: len(args) - extra] if extra else args
-    return tuple(word for word in own if word.startswith("--"))
+    return tuple(word.split("=", 1)[0] for word in own if word.startswith("--"))
 
 
 # --- the real parser (needs vLLM) ------------------------------------------------------------------------
@@ -431,8 +452,8 @@ def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> l
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(captured):
             dests = dests_set_by_vllm(words, parser)
     except SystemExit as exc:
-        if exc.code in (0, None):  # --help / --version: vLLM prints it and exits; nothing to refuse
-            return []
+        if exc.code in (0, None):  # --help: vLLM would print it and exit 0 instead of serving
+            return ["makes vLLM print its help and exit instead of serving; remove -h/--help"]
         said = [line for line in captured.getvalue().splitlines() if line.strip()]
         # Its message, with any value given after '=' masked: a key passed by mistake must not be echoed.
         message = re.sub(r"=\S+", "=****", said[-1].strip()) if said else ""
@@ -441,6 +462,10 @@ def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> l
         f"sets vLLM's {table.strings_for(d)[-1]}, which HyperQwen sets from {_knob_hint(owned[d])}; "
         f"set {_knob_hint(owned[d])} instead"
         for d in sorted(dests & set(owned))
+    ]
+    messages += [
+        f"sets vLLM's {table.strings_for(d)[-1]}, which {INERT_DESTS[d]}; remove it"
+        for d in sorted(dests & set(INERT_DESTS))
     ]
     messages += [
         f"a stray word lands in vLLM's positional {d} (ignored by the server); remove it"

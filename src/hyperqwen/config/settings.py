@@ -602,17 +602,56 @@ def check_combination(settings: Settings) -> list[Problem]:
 
 
 def _valid_host(host: str) -> bool:
+    address = listen_address(host)
     try:
-        ipaddress.ip_address(host)
+        ipaddress.ip_address(address)
         return True
     except ValueError:
-        return bool(_HOSTNAME_RE.match(host))
+        return address == host and bool(_HOSTNAME_RE.match(host))
+
+
+def listen_address(host: str) -> str:
+    """BIND as a socket takes it: a bracketed IPv6 address as written in URLs (`[::1]`) without its brackets."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def resolved_addresses(host: str) -> tuple[str, ...]:
+    """Every address the OS resolves `host` to (getaddrinfo: the same resolver the server's bind uses, so
+    `127.1`, `0x7f.1`, `2130706433` and `localhost` are read exactly as the listening socket reads them).
+    Empty when it does not resolve."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(listen_address(host), None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError, ValueError):
+        return ()
+    return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _loopback_address(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is IPv4 loopback
+    return (mapped or ip).is_loopback
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """The one decision whether BIND keeps the API on this machine: every address the OS resolves it to is a
+    loopback address. A name that does not resolve, or resolves to any other address, counts as exposed (and
+    so needs an API key)."""
+    addresses = resolved_addresses(host)
+    return bool(addresses) and all(_loopback_address(a) for a in addresses)
+
+
+def describe_bind(host: str) -> str:
+    """BIND as messages name it: the spelling, plus what the OS resolves it to (and whether that is loopback)
+    when the spelling is not already that address."""
+    addresses = resolved_addresses(host)
+    if not addresses:
+        return f"{host} (does not resolve to an address here)"
+    if list(addresses) == [host]:
+        return host
+    kind = "loopback" if is_loopback(host) else "not loopback"
+    return f"{host} (resolves to {', '.join(addresses)}: {kind})"

@@ -7,16 +7,66 @@ Built once per launch, after the memory step (launch/budget.py) has fixed the co
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import PurePath
+from typing import Any
 
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
-from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
+from hyperqwen.config.settings import Problem, Settings, SettingsError, describe_bind, is_loopback, listen_address
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
 MASK = "****"
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def option(flag: str, value: object) -> str:
+    """`--flag=value`, one word: vLLM's parser takes everything after the first '=' as the value, so a value
+    that looks like an option (`--x.y`, `-h`) can never become one or swallow the next word, as `--flag value`
+    lets it (FlexibleArgumentParser rewrites a word `--name.key` into JSON for --name and takes the next word)."""
+    return f"{flag}={value}"
+
+
+def argv_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in a vLLM argv (`--flag=value` or `--flag value`), the last one winning; else None."""
+    found = None
+    for i, word in enumerate(args):
+        if word.startswith(flag + "="):
+            found = word[len(flag) + 1 :]
+        elif word == flag and i + 1 < len(args):
+            found = args[i + 1]
+    return found
+
+
+@dataclass(frozen=True)
+class OwnedValues:
+    """What HyperQwen decided for the settings that decide who can reach the server and what it serves; the
+    final argv must parse to exactly these (check_command). The key is never on the command line (it goes
+    through VLLM_API_KEY), and the server listens on TCP (no Unix socket)."""
+
+    host: str
+    port: int
+    model: str
+    served_model_name: str
+
+    def expected(self) -> dict[str, Any]:
+        """vLLM's parsed attribute -> the value it must have."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "model": self.model,
+            "served_model_name": [self.served_model_name],
+            "api_key": None,
+            "uds": None,
+            "headless": False,
+            "grpc": False,
+            "model_tag": None,
+        }
 
 
 @dataclass(frozen=True)
@@ -33,6 +83,7 @@ class VllmCommand:
     problems: tuple[Problem, ...] = field(default_factory=tuple)
     kv_cache_dtype: str = "auto"
     max_model_len: int = 0
+    owned: OwnedValues | None = None
 
     @property
     def vllm_args(self) -> tuple[str, ...]:
@@ -149,7 +200,8 @@ def build_command(
             [
                 Problem(
                     "error",
-                    f"BIND={bind} exposes the API beyond this machine, but no API key is set. Create one with\n"
+                    f"BIND={describe_bind(bind)} exposes the API beyond this machine, but no API key is set. "
+                    "Create one with\n"
                     f"    openssl rand -hex 16 > models/api_key.txt\n"
                     f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
                     f"or keep BIND=127.0.0.1.",
@@ -158,25 +210,21 @@ def build_command(
             ]
         )
 
+    value_problems = check_owned_values(settings)
+    if value_problems:
+        raise SettingsError(value_problems)
+    host = listen_host or listen_address(bind)
     kv_dtype = settings.kv_cache_dtype
     model_len = settings.configured_max_model_len if max_model_len is None else max_model_len
     args: list[str] = [
-        "--model",
-        str(settings.model_path),
-        "--served-model-name",
-        settings["SERVED_MODEL_NAME"],
-        "--host",
-        listen_host or bind,
-        "--port",
-        str(settings["PORT"]),
-        "--dtype",
-        settings["DTYPE"],
-        "--max-model-len",
-        str(model_len),
-        "--kv-cache-dtype",
-        kv_dtype,
-        "--mamba-ssm-cache-dtype",
-        settings["STATE_DTYPE"],
+        option("--model", str(settings.model_path)),
+        option("--served-model-name", settings["SERVED_MODEL_NAME"]),
+        option("--host", host),
+        option("--port", settings["PORT"]),
+        option("--dtype", settings["DTYPE"]),
+        option("--max-model-len", model_len),
+        option("--kv-cache-dtype", kv_dtype),
+        option("--mamba-ssm-cache-dtype", settings["STATE_DTYPE"]),
         # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
         "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
     ]
@@ -185,7 +233,7 @@ def build_command(
         args.append("--enable-prompt-tokens-details")
     if settings["TP"] > 1:
         # One server over TP cards (docs/multi-gpu.md); memory/parallel.py plans one rank's share.
-        args += ["--tensor-parallel-size", str(settings["TP"])]
+        args.append(option("--tensor-parallel-size", settings["TP"]))
     if settings["SCALE_OUT"]:
         # vllm-router's cache_aware policy renders each request on a replica to match prefixes by token ids
         # (vllm/entrypoints/scale_out/factories.py: without this flag those routes answer 403).
@@ -199,42 +247,43 @@ def build_command(
         ("KV_MEM", "--kv-cache-memory-bytes"),
     ):
         if settings[knob] is not None:
-            args += [flag, str(settings[knob])]
+            args.append(option(flag, settings[knob]))
     if settings["RAM_CACHE"] is not None:
         # vLLM's native offloading connector takes GiB (config/vllm.py, kv_offloading_size); the planner checked
         # the host has the RAM (memory/host.py).
-        args += ["--kv-offloading-size", f"{settings['RAM_CACHE'] / 2**30:g}", "--kv-offloading-backend", "native"]
+        args += [
+            option("--kv-offloading-size", f"{settings['RAM_CACHE'] / 2**30:g}"),
+            option("--kv-offloading-backend", "native"),
+        ]
     if settings["EMBED_ON_HOST"]:
         # vLLM's UVA offloader limited to the embedding's parameters; patch 0065 passes the embedding through
         # it (memory/budget.py takes its bytes off the GPU weights and checks the host RAM).
-        args += ["--cpu-offload-gb", str(EMBED_OFFLOAD_CAP_GIB), "--cpu-offload-params", "embed_tokens"]
+        args += [option("--cpu-offload-gb", EMBED_OFFLOAD_CAP_GIB), option("--cpu-offload-params", "embed_tokens")]
     spec = speculative_config(settings)
     if spec is not None:
-        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        args.append(option("--speculative-config", json.dumps(spec, separators=(",", ":"))))
     if settings["TOOLS"]:
         # "parameter": a forced call (tool_choice named/required) is grammar-held to the tool's JSON schema,
         # not only its <function=NAME> frame (vllm/tool_parsers/structural_tag_registry.py,
         # resolve_tool_strictness); under tool_choice=auto a started call is held to it too. docs/agents.md.
         args += [
             "--enable-auto-tool-choice",
-            "--tool-call-parser",
-            settings["TOOL_PARSER"],
-            "--tool-strict-level",
-            "parameter",
+            option("--tool-call-parser", settings["TOOL_PARSER"]),
+            option("--tool-strict-level", "parameter"),
         ]
     if settings["REASONING_PARSER"] != "none":
-        args += ["--reasoning-parser", settings["REASONING_PARSER"]]
+        args.append(option("--reasoning-parser", settings["REASONING_PARSER"]))
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.
-    args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": bool(settings["THINKING"])})]
+    args.append(option("--default-chat-template-kwargs", json.dumps({"enable_thinking": bool(settings["THINKING"])})))
     # Agents give up on a silent stream (a long prefill); patch 0022 extends this to /v1/messages and responses.
-    args += ["--sse-keep-alive-interval", str(settings["STREAM_KEEPALIVE"])]
+    args.append(option("--sse-keep-alive-interval", settings["STREAM_KEEPALIVE"]))
     if settings["TEMPERATURE"] is not None:
-        args += ["--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})]
+        args.append(option("--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})))
     gdn_prefill = settings["GDN_PREFILL"]
     if gdn_prefill == "auto" and gdn_prefill_fallback:
         gdn_prefill = "triton"
     if gdn_prefill != "auto":
-        args.append(f"--gdn-prefill-backend={gdn_prefill}")
+        args.append(option("--gdn-prefill-backend", gdn_prefill))
     args += list(settings["EXTRA_ARGS"])
 
     env = dict(settings.passthrough_env)
@@ -261,4 +310,128 @@ def build_command(
         problems=settings.problems,
         kv_cache_dtype=kv_dtype,
         max_model_len=model_len,
+        owned=OwnedValues(host, settings["PORT"], str(settings.model_path), settings["SERVED_MODEL_NAME"]),
     )
+
+
+def check_owned_values(settings: Settings) -> list[Problem]:
+    """The string knobs that become owned vLLM values, checked before they go on the command line.
+
+    MODEL names a checkpoint directory: an absolute path, or a relative one that stays under MODELS_DIR (no
+    `..` part, so MODELS_DIR plus a relative MODEL cannot point the server elsewhere); neither MODEL nor
+    SERVED_MODEL_NAME may be empty, start with '-' (an option to any reader who splits on spaces) or hold
+    control characters (settings refuse those on input; this guards every other caller)."""
+    problems: list[Problem] = []
+    for name in ("MODELS_DIR", "MODEL", "SERVED_MODEL_NAME", "DRAFT"):
+        value = str(settings[name] or "")
+        if name == "DRAFT" and not value:
+            continue
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        if not value.strip() or value.startswith("-") or _CONTROL_RE.search(value):
+            problems.append(
+                Problem(
+                    "error",
+                    f"{name}={shown!r} is empty, starts with '-' or holds a control character; "
+                    f"{'name a directory, e.g. qwen3.8-27b' if name != 'SERVED_MODEL_NAME' else 'use a name such as qwen3.8-27b'}",
+                    name,
+                )
+            )
+        elif name in ("MODEL", "DRAFT") and not PurePath(value).is_absolute() and ".." in PurePath(value).parts:
+            problems.append(
+                Problem(
+                    "error",
+                    f"{name}={shown!r} climbs out of MODELS_DIR with '..'; give a directory under MODELS_DIR "
+                    "(e.g. qwen3.8-27b) or an absolute path",
+                    name,
+                )
+            )
+    return problems
+
+
+@lru_cache(maxsize=1)
+def _vllm_parser() -> Any:
+    """vLLM's server parser, built once per process (building it takes about a second; importing vLLM more)."""
+    from hyperqwen.config.extra_args import vllm_parser
+
+    return vllm_parser()
+
+
+def parsed_owned_values(vllm_args: Sequence[str], parser: Any | None = None) -> dict[str, Any]:
+    """What vLLM's own parser (the one `python -m vllm.entrypoints.openai.api_server` builds) makes of the owned
+    settings in `vllm_args`. Imports vLLM. Raises SystemExit/ValueError where vLLM refuses the arguments."""
+    parsed = (parser or _vllm_parser()).parse_args(list(vllm_args))
+    return {name: getattr(parsed, name, None) for name in OwnedValues("", 0, "", "").expected()}
+
+
+def _table_owned_values(vllm_args: Sequence[str]) -> dict[str, Any]:
+    """The same, read with the committed option table (extra_args.resolve) where vLLM is not importable."""
+    from hyperqwen.config.extra_args import resolve
+
+    values: dict[str, Any] = {"api_key": None, "uds": None, "headless": False, "grpc": False, "model_tag": None}
+    words = resolve(vllm_args)
+    for n, word in enumerate(words):
+        if word.kind in ("unknown", "ambiguous", "control"):
+            raise ValueError(f"vLLM's parser would refuse word {word.index + 1} {word.shown()!r} ({word.kind})")
+        if word.kind == "positional":
+            values["model_tag"] = word.text
+        if word.kind != "option" or word.dest not in OwnedValues("", 0, "", "").expected():
+            continue
+        if "=" in word.text:
+            value: Any = word.text.split("=", 1)[1]
+        elif n + 1 < len(words) and words[n + 1].kind == "value" and words[n + 1].dest == word.dest:
+            value = words[n + 1].text
+        else:
+            value = True
+        if word.dest == "port":
+            value = int(value) if str(value).isdigit() else value
+        elif word.dest == "served_model_name":
+            value = [value]
+        values[word.dest] = value
+    return values
+
+
+def check_command(command: VllmCommand, parser: Any | None = None) -> list[str]:
+    """The whole final argv read as vLLM's parser reads it: every owned setting must come out exactly as
+    HyperQwen decided. One message per difference; the key's value is never shown.
+
+    parser None: vLLM's option table (config/vllm_options.json, generated from vLLM's parser; an integration
+    test proves both read our argv alike). It takes milliseconds, so `--print`, `--explain` and the start all
+    run it and agree. The start also runs the real parser (`check_command_with_vllm`) right before the exec."""
+    if command.owned is None:
+        return []
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(captured):
+            if parser is not None:
+                got = parsed_owned_values(command.vllm_args, parser)
+            else:
+                got = _table_owned_values(command.vllm_args)
+    except SystemExit:
+        said = [line for line in captured.getvalue().splitlines() if line.strip()]
+        message = re.sub(r"=\S+", "=****", said[-1].strip()) if said else "it exits"
+        return [f"vLLM's own parser refuses the final command line: {message}"]
+    except ValueError as exc:
+        masked = re.sub(r"=\S+", "=****", str(exc))
+        return [f"vLLM's own parser refuses the final command line: {masked}"]
+    messages = []
+    for name, want in command.owned.expected().items():
+        if got.get(name) != want:
+            shown = "(set)" if name == "api_key" else repr(got.get(name))[:80]
+            messages.append(
+                f"the final command line makes vLLM's {name} {shown}, not {want!r} as HyperQwen decided; "
+                "something in the settings or EXTRA_ARGS is read as an option"
+            )
+    return messages
+
+
+def check_command_with_vllm(command: VllmCommand) -> list[str]:
+    """check_command with vLLM's own parser (imports vLLM: seconds), where vLLM is installed; [] elsewhere
+    (then nothing could be exec'd anyway)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    return check_command(command, _vllm_parser())

@@ -19,7 +19,13 @@ from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
-from hyperqwen.launch.command import VllmCommand, build_command, gdn_prefill_fallback
+from hyperqwen.launch.command import (
+    VllmCommand,
+    build_command,
+    check_command,
+    check_command_with_vllm,
+    gdn_prefill_fallback,
+)
 
 if TYPE_CHECKING:
     from hyperqwen.memory import GpuFacts
@@ -189,11 +195,11 @@ def check_model_dir(settings: Settings) -> list[Problem]:
 
 
 def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
-    """Before the exec, EXTRA_ARGS also goes through vLLM's own parser, where vLLM is installed (the image).
+    """EXTRA_ARGS also goes through vLLM's own parser, where vLLM is installed (the image).
 
     The settings check (config/extra_args.py) already refused what it could from a table generated from
     that parser; this is the parser itself, so a vLLM that parses differently from the table cannot let an
-    owned option or a stray word through. Skipped when EXTRA_ARGS is empty (importing vLLM costs seconds).
+    owned option or a stray word through. Skipped when EXTRA_ARGS is empty.
     """
     if not settings["EXTRA_ARGS"]:
         return []
@@ -207,6 +213,22 @@ def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
         Problem("error", f"EXTRA_ARGS {message}", "EXTRA_ARGS")
         for message in check_with_vllm_parser(settings["EXTRA_ARGS"])
     ]
+
+
+def check_before_start(launch: Launch) -> list[Problem]:
+    """The one check `--print`, `--explain` and the real start share, so what one accepts the others accept:
+    the WHOLE final argv read as vLLM's parser reads it (its option table), with every owned setting (host,
+    port, model, served name, key, socket) required to come out exactly as HyperQwen decided."""
+    return [Problem("error", message, "EXTRA_ARGS") for message in check_command(launch.command)]
+
+
+def check_with_vllm_before_exec(launch: Launch) -> list[Problem]:
+    """Right before the exec, where vLLM is installed: EXTRA_ARGS and then the whole argv through vLLM's own
+    parser (the same verdicts as check_before_start, from the parser itself rather than its table)."""
+    problems = check_extra_args_with_vllm(launch.settings)
+    if problems:
+        return problems
+    return [Problem("error", message, "EXTRA_ARGS") for message in check_command_with_vllm(launch.command)]
 
 
 Exec = Callable[[str, list[str], dict[str, str]], object]
@@ -259,6 +281,11 @@ def run(
             file=sys.stderr,
         )
         return 2
+    problems = check_before_start(launch)
+    if problems:
+        report(problems)
+        print("hyperqwen: nothing was started.", file=sys.stderr)
+        return 2
     if args.explain:
         print(explain(launch))
         return 0
@@ -268,7 +295,7 @@ def run(
         for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
             print(f"hyperqwen: {note}", file=sys.stderr)
         return 0
-    problems = check_extra_args_with_vllm(settings)
+    problems = check_with_vllm_before_exec(launch)
     if problems:
         report(problems)
         print("hyperqwen: nothing was started.", file=sys.stderr)

@@ -131,7 +131,29 @@ def _fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def model_dir_problem(path: Path) -> str | None:
+    """Why --model-dir cannot be a checkpoint directory (missing, a file, unreadable), or None."""
+    try:
+        if not path.exists():
+            return "does not exist"
+        if not path.is_dir():
+            return "is a file, not a checkpoint directory"
+    except OSError as exc:  # a parent without search permission, a name too long
+        return f"cannot be checked ({exc.strerror or type(exc).__name__})"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    if args.model_dir:
+        problem = model_dir_problem(Path(args.model_dir))
+        if problem:
+            shown = args.model_dir if len(args.model_dir) <= 120 else args.model_dir[:117] + "..."
+            return _fail(
+                f"--model-dir {shown} {problem}; give a prepared checkpoint directory (config.json and "
+                "*.safetensors), or leave --model-dir out to plan MODELS_DIR/MODEL"
+            )
     try:
         gpu = parse_gpu(args.gpu, reserved=args.reserved, wsl2=args.wsl2)
         # `--set MAX_LEN=` (empty): let the planner choose the longest context that fits.
@@ -154,6 +176,9 @@ def run_plan(args: argparse.Namespace) -> int:
         return _fail("; ".join(errors))
     except (MemoryPlanError, CheckpointError) as exc:
         return _fail(str(exc))
+    except (OSError, UnicodeDecodeError) as exc:  # a file in the checkpoint that cannot be read
+        where = getattr(exc, "filename", None) or args.model_dir or "the checkpoint"
+        return _fail(f"cannot read {where} ({getattr(exc, 'strerror', None) or type(exc).__name__})")
     if args.json:
         print(json.dumps(budget.to_dict(), indent=2))
     else:

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from hyperqwen.config.apikey import read_api_key
 from hyperqwen.config.load import settings_from_args
-from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback
+from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, describe_bind, is_loopback
 
 # Same meaning as in hyperqwen.launch.serve: inside the container the process listens on all interfaces of its own
 # network namespace, while BIND stays the host-side publish address that the exposure check looks at.
@@ -96,7 +96,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
             [
                 Problem(
                     "error",
-                    f"BIND={bind} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
+                    f"BIND={describe_bind(bind)} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
                     "    openssl rand -hex 16 > models/api_key.txt\n"
                     f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
                     "or keep BIND=127.0.0.1.",

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from hyperqwen.config.apikey import read_api_key
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import Problem, SettingsError, is_loopback
+from hyperqwen.config.settings import Problem, SettingsError, describe_bind, is_loopback
 
 LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 # Written by `hyperqwen replicas` into compose.replicas.yaml: the replicas on the compose network.
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             problems.append(
                 Problem(
                     "error",
-                    f"BIND={settings['BIND']} exposes the router beyond this machine, but "
+                    f"BIND={describe_bind(settings['BIND'])} exposes the router beyond this machine, but "
                     "no API key is set; create models/api_key.txt (openssl rand -hex 16) or keep "
                     "BIND=127.0.0.1",
                     "BIND",

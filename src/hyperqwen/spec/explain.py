@@ -48,11 +48,10 @@ SUITS: dict[str, str] = {
 
 
 def _arg(args: Sequence[str], flag: str) -> str | None:
-    """The value after `flag` in the vLLM argv, or None."""
-    try:
-        return args[list(args).index(flag) + 1]
-    except (ValueError, IndexError):
-        return None
+    """The value of `flag` in the vLLM argv, or None."""
+    from hyperqwen.launch.command import argv_value
+
+    return argv_value(args, flag)
 
 
 def _size(n: int) -> str:

@@ -21,11 +21,11 @@ def engine_config(model_dir, speculative_config: dict, **kwargs):
 def test_mtp_plus_lookup_as_the_launcher_builds_it(test_models):
     """The launcher's --speculative-config for SPEC=mtp+lookup is accepted, and async scheduling goes off."""
     from hyperqwen.config.settings import resolve_settings
-    from hyperqwen.launch.command import build_command
+    from hyperqwen.launch.command import argv_value, build_command
 
     settings = resolve_settings({"SPEC": "mtp+lookup", "DRAFT_TOKENS": "3", "LOOKUP_TOKENS": "8"}, mode="single")
     argv = list(build_command(settings, api_key=None).vllm_args)
-    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    spec = json.loads(argv_value(argv, "--speculative-config"))
     config = engine_config(test_models["tiny-qwen"], spec)
     assert config.speculative_config.method == "mtp"
     assert config.speculative_config.num_speculative_tokens == 8

@@ -168,3 +168,40 @@ def test_any_extra_args_is_valid_or_a_clean_error(args, mode):
 
 def test_secret_flags_are_vllm_flags():
     assert set(SECRET_FLAGS) <= set(option_table().options)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ("-h", "prints vLLM's help"), ("--help", "prints vLLM's help"), ("--hel", "prints vLLM's help"),
+    ("--uds /tmp/s", "Unix socket"), ("--uds=/tmp/s", "Unix socket"), ("--headless", "without the API server"),
+    ("--grpc", "gRPC"), ("--grpc-port 9000", "gRPC"), ("--enforce-eager=1", "takes none"),
+    ("--enable-log-requests=true", "takes none"),
+])
+def test_extra_args_that_stop_serving_on_bind_port_are_refused(extra, says):
+    with pytest.raises(SettingsError) as caught:
+        resolve_settings({"EXTRA_ARGS": extra}, mode="single")
+    (problem,) = [p for p in caught.value.problems if p.severity == "error"]
+    assert problem.knob == "EXTRA_ARGS" and says in problem.message and "\n" not in problem.message
+
+
+@pytest.mark.parametrize("extra", ["-h", "--enforce-eager=1", "--uds /tmp/s", "--enforce-eager"])
+def test_print_and_start_agree_on_extra_args(extra, tmp_path, capsys, monkeypatch):
+    """What `serve --print` accepts the real start accepts, and what one refuses the other refuses (exec is
+    replaced by a recorder; the model directory exists so the start gets as far as the exec)."""
+    from hyperqwen.cli import build_parser
+    from hyperqwen.launch import serve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    environ = {"MODELS_DIR": str(tmp_path), "MODEL": "m", "EXTRA_ARGS": extra, "MEMORY_CHECK": "off",
+               "HYPERQWEN_ENVIRONMENT_FILE": str(tmp_path / "environment.json")}
+    executed: list[list[str]] = []
+
+    def parse(words):
+        return build_parser("serve").parse_args(["serve", *words])
+
+    printed = serve.run(parse(["--print"]), environ)
+    started = serve.run(parse([]), environ, execve=lambda path, argv, env: executed.append(argv))
+    assert printed == started
+    assert bool(executed) == (started == 0) == (extra == "--enforce-eager")
+    assert "Traceback" not in capsys.readouterr().err

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KV_DTYPES
 from hyperqwen.config.settings import SettingsError, resolve_settings
-from hyperqwen.launch.command import VLLM_SERVER_MODULE, build_command
+from hyperqwen.launch.command import VLLM_SERVER_MODULE, argv_value, build_command
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -22,8 +22,9 @@ def command_for(environ=None, mode="single", api_key=None, **kwargs):
 
 
 def flag_value(argv, flag):
-    index = argv.index(flag)
-    return argv[index + 1]
+    value = argv_value(argv, flag)
+    assert value is not None and f"{flag}={value}" in argv, f"{flag} is not passed as one --flag=value word"
+    return value
 
 
 def test_runs_the_vllm_openai_server_module():
@@ -49,7 +50,7 @@ def test_single_mode_defaults():
 
 def test_batch_mode_defaults():
     argv = command_for(mode="batch").vllm_args
-    assert "--speculative-config" not in argv
+    assert argv_value(argv, "--speculative-config") is None
     assert flag_value(argv, "--kv-cache-dtype") == "fp8"
     assert flag_value(argv, "--max-num-seqs") == "64"
     assert flag_value(argv, "--max-model-len") == "65536"

@@ -110,6 +110,7 @@ def test_print_and_exec_run_the_same_argv(tmp_path, capsys, monkeypatch, case):
 
     from hyperqwen.config.settings import resolve_settings
     from hyperqwen.config.sizes import GiB
+    from hyperqwen.launch.command import argv_value
     from hyperqwen.memory import GpuFacts, plan_memory
 
     monkeypatch.chdir(tmp_path)  # no stray ./.env
@@ -126,7 +127,7 @@ def test_print_and_exec_run_the_same_argv(tmp_path, capsys, monkeypatch, case):
                 break
     printed, executed, env, err = _printed_and_executed(tmp_path, capsys, ["--mode", "single"], environ, gpu)
     assert printed == executed
-    max_len = int(executed[executed.index("--max-model-len") + 1])
+    max_len = int(argv_value(executed, "--max-model-len"))
     if case == "shortened":
         assert max_len < 65536 and f"MAX_LEN={max_len}" in err
     else:
@@ -148,7 +149,7 @@ def test_print_for_a_named_card_shows_what_would_run_there(tmp_path):
     env = {"MODELS_DIR": str(fixtures), "MODEL": "qwen3.8-27b-prepared"}
     big = hyperqwen("serve", "--print", "--gpu", "80GiB", env=env, cwd=tmp_path)
     assert big.returncode == 0, big.stderr
-    assert "--max-model-len 65536" in big.stdout.replace(" \\\n    ", " ")
+    assert "--max-model-len=65536" in big.stdout.replace(" \\\n    ", " ")
     small = hyperqwen("serve", "--print", "--gpu", "8GiB", env=env, cwd=tmp_path)
     assert small.returncode == 2 and "do not fit" in small.stderr and "Traceback" not in small.stderr
 

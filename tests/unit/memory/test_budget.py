@@ -198,6 +198,21 @@ def test_cli_missing_model_dir(tmp_path, capsys):
     assert "config.json: not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("where", "says"), [("/etc/passwd", "is a file, not a checkpoint directory"),
+                                           ("missing", "does not exist"), ("config-is-a-dir", "cannot read")])
+def test_cli_model_dir_that_is_not_a_checkpoint_directory(tmp_path, capsys, where, says):
+    """A file, a missing path, or a checkpoint whose config.json cannot be read: one line, exit 2."""
+    if where == "config-is-a-dir":
+        (tmp_path / "config.json").mkdir()
+        where = str(tmp_path)
+    elif where == "missing":
+        where = str(tmp_path / "missing")
+    assert plan_main(["--model-dir", where]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert says in err and "\n" not in err and "Traceback" not in err and captured.out == ""
+
+
 def test_importing_the_planner_does_not_import_torch():
     import os
     import subprocess
