@@ -425,6 +425,7 @@ def resolve_settings(
             continue
         items[knob.name] = _resolve_one(knob, profile_values.get(knob.name), chosen_mode, layers, problems)
 
+    items["BIND"] = _unbracket(items["BIND"])
     passthrough: dict[str, str] = {}
     for source, layer in ((ENV_FILE, env_file), (ENVIRONMENT, environ)):
         for name, value in layer.items():
@@ -567,12 +568,13 @@ def check_combination(settings: Settings) -> list[Problem]:
             )
 
     bind = settings["BIND"]
-    if not _valid_host(bind):
+    if not is_publish_address(bind):
         problems.append(
             Problem(
                 "error",
-                f"BIND={bind!r} is not an IP address or host name; use 127.0.0.1 "
-                "(this machine only) or 0.0.0.0 (all interfaces)",
+                f"BIND={bind!r} is not an IP address, and docker compose publishes ports only on an IP address "
+                "(it refuses host names, localhost included); use 127.0.0.1 (this machine only), ::1, or 0.0.0.0 "
+                "(all interfaces)",
                 "BIND",
             )
         )
