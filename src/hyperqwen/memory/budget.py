@@ -673,6 +673,15 @@ def plan_inputs(
             f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient.value)}) "
             f"do not fit in the {format_gib(free_at_start)} free after the CUDA context: loading fails"
         )
+    if pinned and counted + pool > free_at_start:
+        # vLLM allocates a pinned pool as asked, after the weights and the profile: one that is larger than
+        # what is left fails that allocation, so the engine never boots (not "full after boot").
+        refuse = True
+        problems.append(
+            f"KV_MEM={pool:,} B ({format_gib(pool)}) does not fit beside the weights, activations and graphs "
+            f"({format_gib(counted)}) in the {format_gib(free_at_start)} free after the CUDA context: "
+            "vLLM fails to allocate the KV cache and does not start"
+        )
     if not pinned and pool <= 0:
         refuse = True
         problems.append(
