@@ -553,6 +553,11 @@ def plan_inputs(
     if i.spec_method == "dflash2":
         if i.draft_dir is None:
             raise MemoryPlanError("SPEC=dflash2 needs DRAFT (the drafter directory) for its layers and weights")
+        if not (i.draft_dir / "config.json").is_file():
+            raise MemoryPlanError(
+                f"SPEC=dflash2: DRAFT={i.draft_dir} has no config.json (the drafter is not downloaded?); "
+                "`hyperqwen prepare` with SPEC=dflash2 fetches it there, or point DRAFT at the drafter folder"
+            )
         drafter = drafter_attention_from_config(read_config(i.draft_dir), str(i.draft_dir / "config.json"))
         if i.term("DRAFTER_WEIGHTS") is None:
             drafter_weights = weight_bytes(read_checkpoint_tensors(i.draft_dir), mdb).resident(
