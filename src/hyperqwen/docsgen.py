@@ -7,7 +7,9 @@ is stale, so the files a person reads cannot drift from what the code does.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hyperqwen.config.knobs import KNOBS, MODES, SECTIONS, Knob
@@ -160,10 +162,10 @@ def render_mode_readme(mode: str) -> str:
     return text[: begin + len(TABLE_BEGIN)] + "\n" + render_profile_table(mode) + "\n" + text[end:]
 
 
-GENERATED = {
+GENERATED: dict[str, Callable[[], str]] = {
     ENV_EXAMPLE: render_env_example,
     KNOBS_DOC: render_knobs_doc,
-    **{path: (lambda mode=mode: render_mode_readme(mode)) for mode, path in MODE_READMES.items()},
+    **{path: functools.partial(render_mode_readme, mode) for mode, path in MODE_READMES.items()},
 }
 
 
