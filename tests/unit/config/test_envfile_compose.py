@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from compose_render import compose_binary  # tests/unit/compose_render.py
 
 from hyperqwen.config.envfile import EnvFileError, read_env_file
 from hyperqwen.config.settings import SettingsError, resolve_settings
+from unit.compose_render import compose_binary  # tests/unit/compose_render.py
 
 REPO = Path(__file__).resolve().parents[3]
 SHELL = {"T_SHELL": "from-shell", "T_BOTH": "shell-wins", "HOME": "/home/someone"}

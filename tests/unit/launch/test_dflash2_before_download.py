@@ -52,7 +52,7 @@ def test_a_real_start_stops_naming_draft_and_the_folder(env, capsys):
     from hyperqwen.launch import serve
 
     args = cli.build_parser("serve").parse_args(["serve"])
-    code = serve.run(args, execve=lambda *a: executed.append(a))
+    code = serve.run(args, gpu_reader=lambda: None, execve=lambda *a: executed.append(a))  # no GPU here
     err = capsys.readouterr().err
     assert code == 2 and not executed
     [line] = warning_lines(err)
