@@ -99,11 +99,17 @@ def drafter_missing(settings: Settings) -> str | None:
     draft = settings.draft_path
     if settings["SPEC"] != "dflash2" or draft is None or (draft / "config.json").is_file():
         return None
-    return (
-        f"the DFlash2 drafter is not downloaded yet: DRAFT={settings['DRAFT']} has no config.json at {draft}; "
-        "`hyperqwen prepare` (or `docker compose run --rm prepare`) with SPEC=dflash2 fetches it there "
-        "(PREPARE_DRAFTER=auto), or point DRAFT at your own drafter folder"
-    )
+    from hyperqwen.config.knobs import DFLASH2_DRAFTER_DIR
+
+    prepare = "`hyperqwen prepare` (or `docker compose run --rm prepare`) with SPEC=dflash2"
+    if settings["DRAFT"] == DFLASH2_DRAFTER_DIR:
+        fix = f"{prepare} fetches it there (PREPARE_DRAFTER=auto), or point DRAFT at your own drafter folder"
+    else:  # prepare always fetches into the default folder
+        fix = (
+            f"{prepare} fetches the pinned drafter into {settings.under_models_dir(DFLASH2_DRAFTER_DIR)} "
+            f"(DRAFT's default), or put your drafter at {draft}"
+        )
+    return f"the DFlash2 drafter is not downloaded yet: DRAFT={settings['DRAFT']} has no config.json at {draft}; {fix}"
 
 
 def judge(
