@@ -4,6 +4,7 @@
     hyperqwen verify                   --install checks + model directory + GPU (the container runs this
                                        before starting the server)
     hyperqwen verify --no-gpu          as above, GPU checks skipped (CPU test machines)
+    hyperqwen verify --gpu rtx3090     also the memory verdict for that card (the one `plan` and `serve` give)
     hyperqwen verify --server URL      live checks of a running server: /health, one tiny chat completion
                                        with the key, and the key enforced (no key / wrong key -> 401)
     hyperqwen verify --health          one GET of this container's own /health (the Docker healthcheck)
@@ -372,6 +373,7 @@ class Deployment:
     api_key: str | None
     bind: str
     served_model_name: str
+    settings: Any = None  # the resolved Settings, for the memory verdict
 
 
 def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | None = None) -> Deployment:
@@ -381,7 +383,56 @@ def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | No
     from hyperqwen.config.load import settings_from_args
 
     settings = settings_from_args(args or argparse.Namespace(), environ)
-    return Deployment(settings.model_path, read_api_key(settings), settings["BIND"], settings["SERVED_MODEL_NAME"])
+    return Deployment(
+        settings.model_path, read_api_key(settings), settings["BIND"], settings["SERVED_MODEL_NAME"], settings
+    )
+
+
+def check_memory(report: Report, settings: Any, card: str | None) -> None:
+    """The memory verdict `plan` and `serve` give (memory/verdict.py): the same refusals, the same MAX_LEN.
+
+    card: plan for this card (--gpu NAME or size) instead of the one CUDA reports here."""
+    from hyperqwen.memory import GpuError, GpuFacts, parse_gpu, read_gpu_facts
+    from hyperqwen.memory.verdict import judge
+
+    gpu: GpuFacts | None
+    if card:
+        try:
+            gpu = parse_gpu(card)
+        except GpuError as exc:
+            report.fail("memory", f"--gpu: {exc}")
+            return
+    else:
+        gpu = read_gpu_facts()
+    if settings["MEMORY_CHECK"] == "off":
+        report.warn("memory", "memory check off (MEMORY_CHECK=off): the budget is not checked")
+        return
+    verdict = judge(settings, gpu, host=read_memory_host(settings))
+    for problem in verdict.refusals:
+        report.fail("memory", f"{problem.message} (`hyperqwen plan` exits {verdict.exit_code})")
+    if verdict.refusals:
+        return
+    if verdict.budget is None:
+        report.warn("memory", "no GPU to plan for: " + verdict.headline())
+        return
+    line = f"{verdict.headline()} (`hyperqwen plan` exits {verdict.exit_code})"
+    if verdict.starts:
+        report.ok("memory", line)
+        for note in verdict.notes:
+            report.warn("memory", note)
+    elif settings["MEMORY_CHECK"] == "warn":
+        report.warn("memory", line + "; serve starts anyway because MEMORY_CHECK=warn")
+    else:
+        report.fail("memory", line + "; serve refuses to start. " + verdict.budget.explain_failure())
+
+
+def read_memory_host(settings: Any) -> Any:
+    """This machine's RAM when RAM_CACHE asks for some of it (as serve reads it), else None."""
+    if settings["RAM_CACHE"] is None:
+        return None
+    from hyperqwen.memory.host import read_host_facts
+
+    return read_host_facts()
 
 
 def check_settings(
@@ -577,10 +628,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, out:
         check_model_dir(report, Path(args.model_dir))
     elif dep is not None:
         check_model_dir(report, dep.model_dir)
+    card = getattr(args, "gpu", None)
     if args.no_gpu:
         report.warn("gpu", "GPU checks skipped (--no-gpu)")
     else:
         check_gpu(report)
+    if dep is not None and (card or not args.no_gpu):
+        check_memory(report, dep.settings, card)
     return report.summary()
 
 
@@ -603,6 +657,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_settings_arguments(parser)
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU checks (CPU-only machines)")
+    parser.add_argument(
+        "--gpu",
+        metavar="CARD",
+        help="check the memory budget for this card instead of the one here, by name (rtx3090, ...) or CUDA "
+        "total (23.5GiB): the verdict `hyperqwen plan` and `serve` give",
+    )
     parser.add_argument("--model-dir", help="check this model directory instead of MODELS_DIR/MODEL")
     parser.add_argument("--model", help="with --server: the served model name to use (default: the first listed)")
     parser.add_argument(

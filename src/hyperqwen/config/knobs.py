@@ -48,6 +48,9 @@ CTX_PRESETS: dict[str, dict[str, Any]] = {
 SPEC_METHODS = ("mtp", "dflash2", "ngram", "mtp+lookup", "none")
 # The SPEC values that draft with the checkpoint's own MTP head (its layers, weights and KV in the plan).
 MTP_SPEC_METHODS = ("mtp", "mtp+lookup")
+# The folder under MODELS_DIR where `hyperqwen prepare` puts the pinned DFlash2 drafter (the 3090 reference
+# uses the same name, so a user's DRAFT setting carries over); DRAFT's default, so SPEC=dflash2 needs nothing else.
+DFLASH2_DRAFTER_DIR = "Qwen3.8-27B-DFlash2-W4A16"
 
 
 @dataclass(frozen=True)
@@ -264,10 +267,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "DRAFT",
         "str",
-        "The DFlash2 drafter checkpoint directory (relative: under MODELS_DIR); SPEC=dflash2 only.",
+        "The DFlash2 drafter checkpoint directory (relative: under MODELS_DIR); SPEC=dflash2 only. The default "
+        "is where `hyperqwen prepare` fetches the pinned drafter when SPEC=dflash2.",
         "--speculative-config model",
         SPEED,
-        default="",
+        default=DFLASH2_DRAFTER_DIR,
     ),
     Knob(
         "LOOKUP_TOKENS",

@@ -43,8 +43,11 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def read_env_layer(env_file: str | Path | None) -> tuple[dict[str, str], Path | None]:
-    """The `.env` layer: the file given (it must exist), else ./.env when present, else nothing."""
+def read_env_layer(
+    env_file: str | Path | None, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], Path | None]:
+    """The `.env` layer: the file given (it must exist), else ./.env when present, else nothing.
+    environ: what `${VAR}` in the file sees first, as compose does (default: this process's environment)."""
     if env_file is not None:
         path = Path(env_file)
         if not path.is_file():
@@ -61,7 +64,7 @@ def read_env_layer(env_file: str | Path | None) -> tuple[dict[str, str], Path | 
     else:
         return {}, None
     try:
-        return read_env_file(path), path
+        return read_env_file(path, environ), path
     except EnvFileError as exc:
         raise SettingsError([Problem("error", str(exc))]) from None
 
@@ -74,7 +77,7 @@ def load_settings(
     overrides: Sequence[str] | Mapping[str, str] = (),
 ) -> Settings:
     """Resolve every knob from the defaults, the mode profile, the .env file, `environ` and the overrides."""
-    env_values, env_path = read_env_layer(env_file)
+    env_values, env_path = read_env_layer(env_file, environ)
     pairs = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
     return resolve_settings(environ, mode=mode, env_file=env_values, overrides=pairs, env_file_path=env_path)
 

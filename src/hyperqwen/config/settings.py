@@ -37,9 +37,6 @@ _FALSE = {"0", "false", "no", "off"}
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
-_HOSTNAME_RE = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-)
 
 
 @dataclass(frozen=True)
@@ -438,6 +435,7 @@ def resolve_settings(
             continue
         items[knob.name] = _resolve_one(knob, profile_values.get(knob.name), chosen_mode, layers, problems)
 
+    items["BIND"] = _unbracket(items["BIND"])
     passthrough: dict[str, str] = {}
     for source, layer in ((ENV_FILE, env_file), (ENVIRONMENT, environ)):
         for name, value in layer.items():
@@ -529,16 +527,6 @@ def check_combination(settings: Settings) -> list[Problem]:
                     name,
                 )
             )
-    if spec == "dflash2" and not settings["DRAFT"]:
-        problems.append(
-            Problem(
-                "error",
-                "SPEC=dflash2 needs a drafter: set DRAFT to the DFlash2 drafter's directory "
-                "(relative to MODELS_DIR), or use SPEC=mtp, which needs no extra model",
-                "DRAFT",
-            )
-        )
-
     if settings.explicit("KV_MEM") and settings.explicit("GPU_UTIL"):
         problems.append(
             Problem(
@@ -580,12 +568,13 @@ def check_combination(settings: Settings) -> list[Problem]:
             )
 
     bind = settings["BIND"]
-    if not _valid_host(bind):
+    if not is_publish_address(bind):
         problems.append(
             Problem(
                 "error",
-                f"BIND={bind!r} is not an IP address or host name; use 127.0.0.1 "
-                "(this machine only) or 0.0.0.0 (all interfaces)",
+                f"BIND={bind!r} is not an IP address, and docker compose publishes ports only on an IP address "
+                "(it refuses host names, localhost included); use 127.0.0.1 (this machine only), ::1, or 0.0.0.0 "
+                "(all interfaces)",
                 "BIND",
             )
         )
@@ -601,13 +590,23 @@ def check_combination(settings: Settings) -> list[Problem]:
     return problems
 
 
-def _valid_host(host: str) -> bool:
-    address = listen_address(host)
+def is_publish_address(host: str) -> bool:
+    """What compose accepts as the host address of a port publish: an IPv4 or IPv6 address (no zone index)."""
+    if "%" in host:
+        return False
     try:
-        ipaddress.ip_address(address)
+        ipaddress.ip_address(host)
         return True
     except ValueError:
-        return address == host and bool(_HOSTNAME_RE.match(host))
+        return False
+
+
+def _unbracket(setting: Setting) -> Setting:
+    """BIND=[::1] as compose reads it in a port publish: the address without its brackets."""
+    value = setting.value
+    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        return Setting(setting.knob, value[1:-1], setting.source, setting.raw)
+    return setting
 
 
 def listen_address(host: str) -> str:

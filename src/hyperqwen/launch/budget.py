@@ -71,23 +71,17 @@ def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | No
             configured, BudgetOutcome.NOT_CHECKED, notes=("no NVIDIA GPU found (CUDA); memory check skipped",)
         )
 
-    from hyperqwen.memory import CheckpointError, MemoryPlanError, plan_memory
+    from hyperqwen.memory.verdict import judge
 
-    try:
-        budget = plan_memory(settings, gpu, host=host)
-        if budget.fits:
-            return LaunchBudget(budget.max_model_len, BudgetOutcome.FITS, budget)
-        chosen = budget.largest_fitting_max_len
-        if not settings.explicit("MAX_LEN") and chosen:
-            shorter = plan_memory(settings, gpu, max_len=chosen, host=host)
-            if shorter.fits:
-                note = (
-                    f"MAX_LEN unset and the default {configured} does not fit; the planner chose MAX_LEN={chosen} "
-                    "(set MAX_LEN to choose yourself)"
-                )
-                return LaunchBudget(chosen, BudgetOutcome.SHORTENED, shorter, (note,))
-    except (MemoryPlanError, CheckpointError) as exc:
-        raise SettingsError([Problem("error", f"memory check: {exc}", "MEMORY_CHECK")]) from None
+    # The one verdict `plan`, `verify` and `replicas` give too (memory/verdict.py).
+    verdict = judge(settings, gpu, host=host)
+    if verdict.refusals:
+        raise SettingsError(verdict.refusals)
+    budget = verdict.budget
+    assert budget is not None  # judge plans whenever it has a card and refuses nothing
+    if verdict.starts:
+        outcome = BudgetOutcome.SHORTENED if verdict.chosen else BudgetOutcome.FITS
+        return LaunchBudget(verdict.max_model_len, outcome, budget, verdict.notes)
     message = "memory check: these settings do not fit the GPU.\n" + budget.explain_failure() + "\n" + MEMORY_CHECK_HINT
     if settings["MEMORY_CHECK"] == "warn":
         return LaunchBudget(configured, BudgetOutcome.DOES_NOT_FIT, budget, (f"warning: {message}",))

@@ -78,18 +78,11 @@ def read_host(settings: Settings) -> HostFacts | None:
 
 def check_model_fit(settings: Settings) -> list[Problem]:
     """Checks of the model files the settings name, before vLLM would fail on them with a stack trace:
-    TP must divide the model's heads; a DFlash2 drafter must match the target (hidden size, vocabulary)."""
-    from hyperqwen.replicas.cli import check_tp
+    TP must divide the model's heads; a DFlash2 drafter must match the target (hidden size, vocabulary).
+    The same refusals `plan`, `verify` and `replicas` make (memory/verdict.py)."""
+    from hyperqwen.memory.verdict import model_refusals
 
-    problems = check_tp(settings)
-    if settings["SPEC"] == "dflash2" and settings.draft_path is not None and settings.model_path.is_dir():
-        from hyperqwen.spec.drafter import DrafterError, check_drafter
-
-        try:
-            check_drafter(settings.draft_path, settings.model_path)
-        except DrafterError as exc:
-            problems.append(Problem("error", str(exc), "DRAFT"))
-    return problems
+    return model_refusals(settings)
 
 
 def prepare_launch(
@@ -97,15 +90,30 @@ def prepare_launch(
     environ: Mapping[str, str],
     gpu: GpuFacts | None,
     host: HostFacts | None = None,
+    *,
+    preview: bool = False,
     gdn_reason: str | None = None,
 ) -> Launch:
     """Decide the budget, then build the command from that decision. Pure given `gpu`, `host` and
-    `gdn_reason` (gdn_prefill_fallback()'s answer for this machine)."""
+    `gdn_reason` (gdn_prefill_fallback()'s answer for this machine).
+
+    preview (--print/--explain): a DFlash2 drafter that is not downloaded yet is a warning (the command is
+    still shown, the memory is not planned: the drafter's shapes are unknown); for a real start it is an error.
+    """
+    from hyperqwen.memory.verdict import drafter_missing
+
     problems = check_model_fit(settings)
+    missing = drafter_missing(settings)
+    if missing and not preview:
+        problems.append(Problem("error", missing, "DRAFT"))
     if problems:
         raise SettingsError(problems)
     api_key = read_api_key(settings)
-    budget = decide_budget(settings, gpu, host)
+    if missing:
+        configured = settings.configured_max_model_len
+        budget = LaunchBudget(configured, BudgetOutcome.NOT_CHECKED, notes=(f"warning: {missing}",))
+    else:
+        budget = decide_budget(settings, gpu, host)
     command = build_command(
         settings,
         max_model_len=budget.max_model_len,
@@ -272,7 +280,12 @@ def run(
         gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
         gdn_reason = gdn_prober() if settings["GDN_PREFILL"] == "auto" else None
         launch = prepare_launch(
-            settings, environ, gpu, read_host(settings) if gpu is not None else None, gdn_reason=gdn_reason
+            settings,
+            environ,
+            gpu,
+            read_host(settings) if gpu is not None else None,
+            preview=args.print or args.explain,
+            gdn_reason=gdn_reason,
         )
     except SettingsError as exc:
         report(exc.problems)

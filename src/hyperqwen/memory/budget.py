@@ -576,6 +576,11 @@ def plan_inputs(
     if i.spec_method == "dflash2":
         if i.draft_dir is None:
             raise MemoryPlanError("SPEC=dflash2 needs DRAFT (the drafter directory) for its layers and weights")
+        if not (i.draft_dir / "config.json").is_file():
+            raise MemoryPlanError(
+                f"SPEC=dflash2: DRAFT={i.draft_dir} has no config.json (the drafter is not downloaded?); "
+                "`hyperqwen prepare` with SPEC=dflash2 fetches it there, or point DRAFT at the drafter folder"
+            )
         drafter = drafter_attention_from_config(read_config(i.draft_dir), str(i.draft_dir / "config.json"))
         if i.term("DRAFTER_WEIGHTS") is None:
             drafter_weights = weight_bytes(read_checkpoint_tensors(i.draft_dir), mdb).resident(
@@ -701,6 +706,15 @@ def plan_inputs(
         problems.append(
             f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient.value)}) "
             f"do not fit in the {format_gib(free_at_start)} free after the CUDA context: loading fails"
+        )
+    if pinned and counted + pool > free_at_start:
+        # vLLM allocates a pinned pool as asked, after the weights and the profile: one that is larger than
+        # what is left fails that allocation, so the engine never boots (not "full after boot").
+        refuse = True
+        problems.append(
+            f"KV_MEM={pool:,} B ({format_gib(pool)}) does not fit beside the weights, activations and graphs "
+            f"({format_gib(counted)}) in the {format_gib(free_at_start)} free after the CUDA context: "
+            "vLLM fails to allocate the KV cache and does not start"
         )
     if not pinned and pool <= 0:
         refuse = True

@@ -1,7 +1,9 @@
 """`hyperqwen plan`: the GPU memory budget for a card, before anything is loaded or downloaded.
 
-Exit codes: 0 fits; 3 fits only with a shorter context; 4 vLLM would refuse to boot; 5 the card would be
-full after boot; 2 bad input (one line, no traceback). 1 is never used on purpose: Python exits 1 on an
+Exit codes (memory/verdict.py, the verdict serve, verify and replicas give too): 0 fits, so `serve` would
+start (MAX_LEN unset: maybe with a shorter context the planner chose, said on the last line); 3 the MAX_LEN set
+does not fit, a shorter one does; 4 vLLM would refuse to boot; 5 the card would be full after boot; 2 bad
+input or a refusal (one line naming the knob, no traceback). 1 is never used on purpose: Python exits 1 on an
 uncaught error, which must not read as a verdict.
 """
 
@@ -13,13 +15,14 @@ import os
 import sys
 from pathlib import Path
 
-from hyperqwen.config.load import add_settings_arguments, parse_overrides, settings_from_args
+from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import SettingsError
 from hyperqwen.config.sizes import SizeError, parse_size
-from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, Outcome, format_gib, plan_memory
+from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, format_gib
 from hyperqwen.memory.checkpoint import CheckpointError
 from hyperqwen.memory.gpu import CARDS, GpuError, parse_gpu
 from hyperqwen.memory.host import HostFacts, read_host_facts
+from hyperqwen.memory.verdict import judge
 
 EXIT_BAD_INPUT = 2
 
@@ -156,17 +159,14 @@ def run_plan(args: argparse.Namespace) -> int:
             )
     try:
         gpu = parse_gpu(args.gpu, reserved=args.reserved, wsl2=args.wsl2)
-        # `--set MAX_LEN=` (empty): let the planner choose the longest context that fits.
-        choose_len = parse_overrides(args.set or []).get("MAX_LEN", None) == ""
         settings = settings_from_args(args, os.environ)
         model_dir = Path(args.model_dir) if args.model_dir else None
         host = read_host_facts()
         if args.host_ram:
             ram = parse_size(args.host_ram)
             host = HostFacts(ram, ram, args.wsl2, f"--host-ram {args.host_ram}")
-        budget = plan_memory(settings, gpu, model_dir=model_dir, host=host)
-        if choose_len and budget.largest_fitting_max_len and budget.outcome in (Outcome.FITS, Outcome.SHORTER):
-            budget = plan_memory(settings, gpu, model_dir=model_dir, max_len=budget.largest_fitting_max_len, host=host)
+        # The verdict serve, verify and replicas give too (memory/verdict.py): same refusals, same MAX_LEN.
+        verdict = judge(settings, gpu, host=host, model_dir=model_dir)
     except GpuError as exc:
         return _fail(str(exc))
     except SizeError as exc:
@@ -179,11 +179,17 @@ def run_plan(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:  # a file in the checkpoint that cannot be read
         where = getattr(exc, "filename", None) or args.model_dir or "the checkpoint"
         return _fail(f"cannot read {where} ({getattr(exc, 'strerror', None) or type(exc).__name__})")
+    if verdict.refusals:
+        return _fail("; ".join(p.message for p in verdict.refusals))
+    budget = verdict.budget
+    assert budget is not None  # a card was given and nothing was refused: judge planned it
     if args.json:
-        print(json.dumps(budget.to_dict(), indent=2))
+        print(json.dumps({**budget.to_dict(), "exit_code": verdict.exit_code, "notes": list(verdict.notes)}, indent=2))
     else:
         print(render_table(budget))
-    return budget.outcome.exit_code
+        for note in verdict.notes:
+            print(note)
+    return verdict.exit_code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -191,9 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="print the GPU memory budget (weights, KV pool, headroom)",
         description="Compute what fits on a card from the checkpoint's config and safetensors headers (or, before "
-        "the download, the default model's bundled shapes), without loading anything. Exit 0 fits, "
-        "3 fits only with a shorter context, 4 vLLM would refuse to boot, 5 card full after boot, "
-        "2 bad input.",
+        "the download, the default model's bundled shapes), without loading anything. Exit 0 fits "
+        "(serve would start), 3 the MAX_LEN set does not fit but a shorter one does, 4 vLLM would refuse to boot, "
+        "5 card full after boot, 2 bad input or a refusal.",
     )
     p.add_argument(
         "--gpu",

@@ -7,7 +7,7 @@ completion marker last. A folder without that marker (an interrupted fetch) has 
 `hyperqwen.spec.drafter.check_drafter` refuses it at serve time instead of vLLM failing deep in loading.
 
 Hook (for the prepare pipeline's owner to wire): after the main model, `fetch_drafter(options)` unless a
-knob (PREPARE_DRAFTER=0) skips the ~1.2 GB download; DRAFT then names DRAFTER_DIR_NAME. The PrepareError
+knob (PREPARE_DRAFTER=off) skips the ~1.2 GB download; DRAFT's default names DRAFTER_DIR_NAME. The PrepareError
 messages below already name that knob.
 """
 
@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from hyperqwen.config.knobs import DFLASH2_DRAFTER_DIR
 from hyperqwen.prepare.errors import PrepareError
 from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.source import hub_source
@@ -30,8 +31,8 @@ from hyperqwen.spec.drafter import (
 
 log = logging.getLogger("hyperqwen.prepare")
 
-# The folder under MODELS_DIR (the reference uses the same name, so a user's DRAFT setting carries over).
-DRAFTER_DIR_NAME = "Qwen3.8-27B-DFlash2-W4A16"
+# The folder under MODELS_DIR: DRAFT's default (config/knobs.py), so a fetched drafter needs no setting.
+DRAFTER_DIR_NAME = DFLASH2_DRAFTER_DIR
 
 
 def drafter_dir(models_dir: Path) -> Path:
@@ -78,7 +79,7 @@ def fetch_drafter(
     except DrafterError as exc:
         raise PrepareError(
             str(exc),
-            fix=f"PREPARE_DRAFTER=0 skips the drafter; {repo_id}@{revision} should be a DFlash2 checkpoint",
+            fix=f"PREPARE_DRAFTER=off skips the drafter; {repo_id}@{revision} should be a DFlash2 checkpoint",
             knob="PREPARE_DRAFTER",
         ) from None
     log.info(

@@ -10,19 +10,9 @@ from pathlib import Path
 
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.memory.gpu import GpuError, GpuFacts, parse_gpu, read_gpu_facts
 from hyperqwen.replicas.compose import OVERRIDE_FILE, render_override
 from hyperqwen.replicas.gpus import Gpu, check_gpus, parse_gpu_list, read_available_gpus, replica_groups
-
-
-def check_tp(settings: Settings) -> list[Problem]:
-    """TP must divide the model's heads (read from MODEL's config.json, else the planner's bundled config)."""
-    from hyperqwen.memory.parallel import load_heads, tp_problems
-
-    tp = int(settings["TP"])
-    if tp == 1:
-        return []
-    heads, where = load_heads(settings.model_path)
-    return [Problem("error", message, "TP") for message in tp_problems(heads, tp, where)]
 
 
 def plan_replicas(settings: Settings, available: list[Gpu] | None) -> tuple[list[tuple[str, ...]], list[Problem]]:
@@ -31,8 +21,33 @@ def plan_replicas(settings: Settings, available: list[Gpu] | None) -> tuple[list
     tp = int(settings["TP"])
     if not problems:
         problems += check_gpus(gpus, available, tp)
-    problems += check_tp(settings)
     return replica_groups(gpus, tp), problems
+
+
+def check_memory(settings: Settings, gpu: GpuFacts | None) -> tuple[list[Problem], tuple[str, ...]]:
+    """Every replica runs `hyperqwen serve` with these settings on one card like `gpu`: the verdict `plan`
+    and `serve` give (memory/verdict.py), as errors (it would not start) and notes (a chosen MAX_LEN)."""
+    from hyperqwen.memory.verdict import judge
+
+    if gpu is None or settings["MEMORY_CHECK"] == "off":
+        verdict = judge(settings, None)  # the refusals only (TP, the drafter): no card to plan for
+    else:
+        verdict = judge(settings, gpu)
+    problems = list(verdict.refusals)
+    budget = verdict.budget
+    if budget is not None and not verdict.refusals and not verdict.starts:
+        severity = "warning" if settings["MEMORY_CHECK"] == "warn" else "error"
+        problems.append(Problem(severity, f"each replica: {budget.explain_failure()}", "MAX_LEN"))
+    return problems, verdict.notes
+
+
+def planned_card(args: argparse.Namespace) -> GpuFacts | None:
+    """The card each replica is planned for: --gpu, else CUDA's first card here (None: no card, not planned)."""
+    if getattr(args, "gpu", None):
+        return parse_gpu(args.gpu)
+    if args.no_device_check:
+        return None
+    return read_gpu_facts()
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
@@ -41,14 +56,21 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         settings = settings_from_args(args, environ)
         available = None if args.no_device_check else read_available_gpus()
         groups, problems = plan_replicas(settings, available)
+        memory_problems, notes = check_memory(settings, planned_card(args))
+        problems += memory_problems
     except SettingsError as exc:
-        problems, groups = list(exc.problems), []
+        problems, groups, notes = list(exc.problems), [], ()
+    except GpuError as exc:
+        print(f"hyperqwen replicas: --gpu: {exc}", file=sys.stderr)
+        return 2
     errors = [p for p in problems if p.severity == "error"]
     for problem in problems:
         print(f"hyperqwen replicas: {problem}", file=sys.stderr)
     if errors:
         print("hyperqwen replicas: nothing was written or started.", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"hyperqwen replicas: each replica: {note}", file=sys.stderr)
     if available is None and not args.no_device_check:
         print(
             "hyperqwen replicas: nvidia-smi is not available here, so GPUS was not checked against the machine's cards",
@@ -79,6 +101,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings_arguments(parser, mode=False)
     parser.add_argument("--output", default=OVERRIDE_FILE, help=f"where to write (default: ./{OVERRIDE_FILE})")
     parser.add_argument("--print", action="store_true", help="print the override instead of writing it")
+    parser.add_argument(
+        "--gpu",
+        metavar="CARD",
+        help="plan each replica's memory for this card, by name (rtx3090, ...) or CUDA total (23.5GiB); "
+        "default: the first card CUDA reports here",
+    )
     parser.add_argument(
         "--no-device-check",
         action="store_true",

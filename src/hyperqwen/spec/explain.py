@@ -65,6 +65,9 @@ def _drafter_lines(settings: Settings, budget: LaunchBudget) -> list[str]:
     if path is None:
         return ["  drafter: none set (DRAFT); `hyperqwen prepare` fetches the pinned one, or SPEC=mtp needs none"]
     lines = [f"  drafter: {path} (DRAFT)"]
+    if not (path / "config.json").is_file():
+        # Before `prepare` fetched it: the one warning above says where it goes; nothing here to check or plan.
+        return [*lines, "  drafter check: not downloaded yet (the warning above says how); memory not planned"]
     try:
         info = check_drafter(path, settings.model_path)
     except DrafterError as exc:

@@ -52,7 +52,7 @@ def test_every_command_reads_dot_env_from_the_working_directory(tmp_path, monkey
 
 def test_a_bad_env_file_is_a_settings_error(tmp_path):
     bad = tmp_path / "bad.env"
-    bad.write_text("nonsense\n")
+    bad.write_text("not a setting\n")
     with pytest.raises(SettingsError, match="bad.env:1"):
         load_settings({}, env_file=bad)
     with pytest.raises(SettingsError, match="no such file"):

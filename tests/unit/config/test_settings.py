@@ -150,9 +150,11 @@ def test_contradiction_dflash_tokens_with_mtp_is_explained():
     assert any("DFLASH_TOKENS has no effect because SPEC=mtp" in w for w in warnings_of(settings))
 
 
-def test_dflash2_without_drafter_is_an_error():
-    with pytest.raises(SettingsError, match="SPEC=dflash2 needs a drafter: set DRAFT"):
-        resolve_settings({"SPEC": "dflash2"}, mode="single")
+def test_dflash2_drafter_defaults_to_the_folder_prepare_fetches_it_into():
+    from hyperqwen.prepare.drafter import DRAFTER_DIR_NAME
+
+    assert resolve_settings({"SPEC": "dflash2"}, mode="single")["DRAFT"] == DRAFTER_DIR_NAME
+    assert resolve_settings({"SPEC": "dflash2", "DRAFT": ""}, mode="single")["DRAFT"] == DRAFTER_DIR_NAME
     assert resolve_settings({"SPEC": "dflash2", "DRAFT": "dflash2"}, mode="single")["DRAFT"] == "dflash2"
 
 

@@ -70,7 +70,7 @@ def test_a_repo_that_is_not_a_drafter_is_one_prepare_error(tmp_path):
     try:
         with pytest.raises(PrepareError, match="not a DFlash/DFlash2 drafter") as excinfo:
             fetch_drafter(options(tmp_path, hub), repo_id=REPO, revision="main")
-        assert "PREPARE_DRAFTER=0" in str(excinfo.value)
+        assert "PREPARE_DRAFTER=off" in str(excinfo.value)
     finally:
         hub.server.shutdown()
         hub.server.server_close()
