@@ -63,7 +63,7 @@ def test_the_four_commands_agree(clean, capsys, knob_value):
     planned_len = json.loads(plan_out)["max_model_len"] if plan_code != 2 else None
 
     serve_code, serve_out, serve_err = run(capsys, "serve", "--print", "--gpu", CARD, *setting)
-    served = re.search(r"--max-model-len (\d+)", serve_out)
+    served = re.search(r"--max-model-len[= ](\d+)", serve_out)
     if want_len is None:
         assert serve_code == 2 and served is None, serve_out + serve_err
     else:
