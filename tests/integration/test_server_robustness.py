@@ -181,6 +181,8 @@ def _messages(server, **extra) -> dict:
 
 
 SELF_REF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "loop", "schema": {"$ref": "#"}}}
+REF_CYCLE_SCHEMA = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+                    "$ref": "#/$defs/a"}
 # Every object must hold another: no finite JSON text matches it.
 ENDLESS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "endless", "schema": {
     "type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}}}
@@ -203,7 +205,10 @@ HOSTILE_BODIES = [
      lambda s: _chat(s, use_beam_search=True, n=2, length_penalty=-1e308), ["length_penalty", "32"]),
     ("beam-length-penalty-1e308", "/v1/completions",
      lambda s: _completion(s, use_beam_search=True, n=2, length_penalty=1e308), ["length_penalty"]),
-    ("schema-ref-to-itself", "/v1/chat/completions", lambda s: _chat(s, response_format=SELF_REF_SCHEMA), []),
+    ("schema-ref-to-itself", "/v1/chat/completions", lambda s: _chat(s, response_format=SELF_REF_SCHEMA),
+     ["$ref", "'#'"]),
+    ("schema-ref-cycle-through-defs", "/v1/completions",
+     lambda s: _completion(s, structured_outputs={"json": REF_CYCLE_SCHEMA}), ["$ref", "#/$defs/a"]),
     ("schema-never-finishes", "/v1/chat/completions", lambda s: _chat(s, response_format=ENDLESS_SCHEMA), []),
     ("grammar-never-finishes", "/v1/completions",
      lambda s: _completion(s, structured_outputs={"grammar": 'root ::= "a" root'}), []),
