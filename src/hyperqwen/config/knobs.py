@@ -217,6 +217,30 @@ KNOBS: tuple[Knob, ...] = (
         SECURITY,
         default=False,
     ),
+    Knob(
+        "MAX_HEADER_BYTES",
+        "bytes",
+        "Largest request head (request line plus headers) the API reads; a larger one gets 431 before the key "
+        "is checked.",
+        "env HYPERQWEN_MAX_HEADER_BYTES (read by patch 0017)",
+        SECURITY,
+        default=64 * 1024,
+        min=4 * 1024,
+        max=64 * _MiB,
+        tradeoff="raise it only for a proxy that adds very large headers; every connection may hold this much.",
+    ),
+    Knob(
+        "MAX_BODY_BYTES",
+        "bytes",
+        "Largest request body the API accepts; a larger one gets 413 before the key is checked or the JSON parsed.",
+        "env HYPERQWEN_MAX_BODY_BYTES (read by patch 0017)",
+        SECURITY,
+        default=32 * _MiB,
+        min=64 * 1024,
+        max=4 * _GiB,
+        tradeoff="32 MiB holds a full 262k-token conversation as JSON several times over; raise it for huge "
+        "tool outputs.",
+    ),
     # --- speculative decoding -------------------------------------------------------------------
     Knob(
         "SPEC",

@@ -294,6 +294,9 @@ def build_command(
         unset = ("VLLM_API_KEY",)  # an inherited empty or stale value must not half-enable auth
     # Read by patch 0002 (vLLM's auth middleware); always explicit, so an inherited value cannot open /metrics.
     env["HYPERQWEN_METRICS_PUBLIC"] = "1" if settings["METRICS_PUBLIC"] else "0"
+    # Read by patch 0017 (size limits enforced before the key check and before JSON parsing).
+    env["HYPERQWEN_MAX_HEADER_BYTES"] = str(settings["MAX_HEADER_BYTES"])
+    env["HYPERQWEN_MAX_BODY_BYTES"] = str(settings["MAX_BODY_BYTES"])
     # Read by patch 0023 (a request's effort may switch thinking only when allowed); docs/agents.md.
     env["HYPERQWEN_CLIENT_THINKING"] = "1" if settings["CLIENT_THINKING"] else "0"
     # Read by patch 0040 (engine stall sentinel); docs/troubleshooting.md.
