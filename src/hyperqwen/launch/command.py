@@ -11,7 +11,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
+from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB, STRUCTURED_OUTPUT_CONFIGS
 from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -207,6 +207,10 @@ def build_command(
             "--tool-strict-level",
             "parameter",
         ]
+    # The structured-output grammar (STRUCTURED_OUTPUT_CONFIGS in config/knobs.py says why compact by default);
+    # dotted flags, which vLLM's parser merges into one --structured-outputs-config.
+    for key, value in STRUCTURED_OUTPUT_CONFIGS[settings["STRUCTURED_OUTPUT"]].items():
+        args += [f"--structured-outputs-config.{key}", value if isinstance(value, str) else json.dumps(value)]
     if settings["REASONING_PARSER"] != "none":
         args += ["--reasoning-parser", settings["REASONING_PARSER"]]
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.
