@@ -124,6 +124,31 @@ def ensure_agent_clis() -> None:
     stamp.write_text(digest)
 
 
+PYTHON_CLIS = ROOT / "requirements" / "python-clis.txt"
+PYTHON_CLIS_ROOT = ROOT / ".venv-clients"
+
+
+def ensure_python_clis() -> None:
+    """The Python client CLIs (PyPI, pinned in requirements/python-clis.txt), one virtualenv each under
+    .venv-clients/<name>/: aider and llm pin versions of openai, litellm and pydantic that conflict with each
+    other and with vLLM's. A failed install makes that client's tests skip, naming this step."""
+    pins = [line.strip() for line in PYTHON_CLIS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    for pin in pins:
+        venv = PYTHON_CLIS_ROOT / re.split(r"[=<>!~\[ ]", pin, maxsplit=1)[0]
+        stamp = venv / ".hyperqwen-install-stamp"
+        if stamp.is_file() and stamp.read_text() == pin:
+            log(f"{pin} in {venv} is up to date")
+            continue
+        if not (venv / "bin" / "python").exists():
+            run(sys.executable, "-m", "venv", venv)
+        try:
+            pip(pin, venv=venv)
+        except subprocess.CalledProcessError:
+            log(f"installing {pin} failed: its client test will skip")
+            continue
+        stamp.write_text(pin)
+
+
 WEBUI_VENV = ROOT / ".venv-webui"
 
 
@@ -178,6 +203,7 @@ def main() -> int:
         ensure_apt_packages()
         ensure_venv()
         ensure_agent_clis()
+        ensure_python_clis()
         ensure_webui_venv()
         venv, default_paths, tier = VENV, ["tests"], "1"
     log(f"environment ready after {time.monotonic() - started:.0f} s")

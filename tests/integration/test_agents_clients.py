@@ -1,5 +1,5 @@
-"""Real coding-agent CLIs against the CPU server: Claude Code (/v1/messages), Codex CLI (/v1/responses) and
-opencode (/v1/chat/completions), each run non-interactively through a recording proxy.
+"""Real coding-agent CLIs against the CPU server: Claude Code (/v1/messages), Codex CLI (/v1/responses),
+opencode, Continue's cn and aider (/v1/chat/completions), each run non-interactively through a recording proxy.
 
 Per client: one plain turn, and one turn where the proxy forces a tool call on the client's first model request
 (the random-weight test model never calls a tool by itself; the grammar makes the forced call valid), the CLI
@@ -32,7 +32,8 @@ _PINS = [line.strip() for line in (REPO_ROOT / "requirements" / "agent-clis.txt"
          if line.strip() and not line.startswith("#")]
 CLI_PACKAGES = {"claude": next(p for p in _PINS if p.startswith("@anthropic-ai/claude-code@")),
                 "codex": next(p for p in _PINS if p.startswith("@openai/codex@")),
-                "opencode": next(p for p in _PINS if p.startswith("opencode-ai@"))}
+                "opencode": next(p for p in _PINS if p.startswith("opencode-ai@")),
+                "cn": next(p for p in _PINS if p.startswith("@continuedev/cli@"))}
 CLI_TIMEOUT_S = 420
 
 
@@ -329,3 +330,107 @@ def test_opencode_tool_calls_round_trip(agents_server, tmp_path):
         f"no request offered glob: {proxy.summary()}")
     assert any(e.body and _chat_has_tool_message(e.body) for e in posts), (
         f"no tool message came back: {explain(result, proxy)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Off-host traffic: each client runs under netwatch.run_watched, which records every non-loopback peer its
+# process tree opens a socket to.
+
+
+def off_host(peers: set[str], allowed_hosts: tuple[str, ...] = ()) -> set[str]:
+    """The peers not explained: DNS (port 53) is allowed only together with an allowed host, whose addresses
+    (resolved here, when this machine can) are allowed too."""
+    import socket
+
+    allowed = set()
+    for host in allowed_hosts:
+        try:
+            allowed |= {info[4][0] for info in socket.getaddrinfo(host, 443)}
+        except OSError:
+            pass
+    return {p for p in peers
+            if not (allowed_hosts and p.endswith(":53")) and p.split()[1].rsplit(":", 1)[0] not in allowed}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Continue's cn CLI -> /v1/chat/completions (provider "openai")
+
+# cn 1.5.47 asks https://api.continue.dev/cn/info for its latest version (with a machine id) when it starts,
+# whatever the configuration; nothing turns that off (docs/agents.md says so). Everything else stays local.
+CONTINUE_VERSION_HOST = "api.continue.dev"
+CONTINUE_MAX_TOKENS = 512
+
+
+def continue_config(tmp_path: Path, proxy: RecordingProxy, server) -> Path:
+    """The config.yaml docs/agents.md gives, pointed at the proxy."""
+    path = tmp_path / "continue.yaml"
+    path.write_text(
+        "name: HyperQwen\nversion: 1.0.0\nschema: v1\nmodels:\n"
+        f"  - name: HyperQwen\n    provider: openai\n    model: {server.served_model_name}\n"
+        f"    apiBase: {proxy.url}/v1\n    apiKey: {server.api_key}\n    roles: [chat, edit, apply]\n"
+        f"    defaultCompletionOptions:\n      contextLength: 65536\n      maxTokens: {CONTINUE_MAX_TOKENS}\n")
+    return path
+
+
+def test_continue_cn_plain_turn_stays_on_the_machine(agents_server, tmp_path):
+    from netwatch import run_watched
+
+    binary = cli("cn")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CONTINUE_GLOBAL_DIR": str(tmp_path / ".continue"),
+           "CONTINUE_CLI_ENABLE_TELEMETRY": "0"}
+    with RecordingProxy(agents_server.base_url, steer("/v1/chat/completions")) as proxy:
+        result, peers = run_watched([str(binary), "-p", "--config", str(continue_config(tmp_path, proxy, agents_server)),
+                                     "Say hello."], env, work, CLI_TIMEOUT_S)
+    assert result.returncode == 0, explain(result, proxy)
+    assert REPLY in result.stdout, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/chat/completions")
+    # Without defaultCompletionOptions.maxTokens cn sends no max_tokens and a reply runs to its own limit.
+    assert all(e.body.get("max_tokens") == CONTINUE_MAX_TOKENS for e in posts), [e.body.get("max_tokens")
+                                                                                 for e in posts]
+    assert not off_host(peers, (CONTINUE_VERSION_HOST,)), peers
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Python CLIs (requirements/python-clis.txt), one virtualenv each under .venv-clients/ (scripts/test.py)
+
+PYTHON_CLIS = Path(os.environ.get("HYPERQWEN_PYTHON_CLIS", REPO_ROOT / ".venv-clients"))
+
+
+def python_cli(dist: str, name: str) -> Path:
+    path = PYTHON_CLIS / dist / "bin" / name
+    if not path.exists():
+        pytest.skip(f"{dist} is not installed under {PYTHON_CLIS / dist} (PyPI unreachable?): python3 scripts/test.py "
+                    "installs requirements/python-clis.txt")
+    return path
+
+
+def aider_metadata(tmp_path: Path, server) -> Path:
+    """The model metadata file docs/agents.md gives: without it aider warns 'Unknown context window size'."""
+    path = tmp_path / "aider-model-metadata.json"
+    path.write_text(json.dumps({f"openai/{server.served_model_name}": {
+        "max_input_tokens": 65536, "max_output_tokens": 8192, "max_tokens": 8192, "input_cost_per_token": 0,
+        "output_cost_per_token": 0, "litellm_provider": "openai", "mode": "chat"}}))
+    return path
+
+
+def test_aider_plain_turn_stays_on_the_machine(agents_server, tmp_path):
+    from netwatch import run_watched
+
+    binary = python_cli("aider-chat", "aider")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with RecordingProxy(agents_server.base_url, steer("/v1/chat/completions")) as proxy:
+        result, peers = run_watched(
+            [str(binary), "--openai-api-base", f"{proxy.url}/v1", "--openai-api-key", agents_server.api_key,
+             "--model", f"openai/{agents_server.served_model_name}",
+             "--model-metadata-file", str(aider_metadata(tmp_path, agents_server)),
+             "--no-check-update", "--analytics-disable", "--no-git", "--yes-always", "--message", "Say hello."],
+            env, work, CLI_TIMEOUT_S)
+    assert result.returncode == 0, explain(result, proxy)
+    assert REPLY in result.stdout, explain(result, proxy)
+    assert "Unknown context window" not in result.stdout + result.stderr, explain(result, proxy)
+    model_posts_ok(proxy, "/v1/chat/completions")
+    assert not off_host(peers), peers

@@ -127,3 +127,16 @@ def test_accepted_extra_args_parse_cleanly(parser):
     assert not problems_in(extra)
     assert not check_with_vllm_parser(extra, parser)
     assert "model_tag" not in dests_set_by_vllm(extra, parser)
+
+
+@pytest.mark.parametrize("extra, reason", [
+    (["--structured-outputs-config.backend", "nonsense"], "Input should be 'auto', 'xgrammar'"),
+    (["--max-num-seqs", "abc"], "invalid int value"),
+])
+def test_what_vllm_refuses_is_reported_with_its_reason_on_one_line(parser, extra, reason):
+    """A config vLLM validates with pydantic fails over several lines ending in pydantic's documentation link;
+    the message keeps vLLM's reason (argument, field, what is allowed), on one line, without the link."""
+    (message,) = check_with_vllm_parser(extra, parser)
+    assert reason in message, message
+    assert "For further information" not in message and "\n" not in message, message
+    assert "nonsense" not in message  # values are masked: a key passed by mistake is never echoed

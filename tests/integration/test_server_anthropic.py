@@ -130,3 +130,20 @@ def test_cache_control_is_accepted_and_prefix_hits_are_reported_as_cache_reads(s
         usages.append(message.usage)
     assert (usages[1].cache_read_input_tokens or 0) >= 256, usages
     assert _total_input(usages[1]) > usages[1].cache_read_input_tokens, usages
+
+
+@pytest.mark.needs_patch("0028-anthropic-stream-start-cached-usage.patch")
+def test_streamed_usage_splits_cache_reads_the_same_in_message_start_and_message_delta(smol_server):
+    """On a prefix-cache hit the streamed `message_start` counts cached tokens as cache_read_input_tokens, as the
+    final `message_delta` does (stock 0.32.0: message_start put them all in input_tokens)."""
+    client = sdk_client(smol_server)
+    system = "Stream rules. " + " ".join(f"stream rule {i}: be brief." for i in range(60))
+    for question in ("Warm the cache?", "Hit the cache?"):
+        with client.messages.stream(model=smol_server.served_model_name, max_tokens=4, system=system,
+                                    messages=[{"role": "user", "content": question}], extra_body=GREEDY) as stream:
+            events = list(stream)
+    start = next(e.message.usage for e in events if e.type == "message_start")
+    delta = [e.usage for e in events if e.type == "message_delta"][-1]
+    assert (delta.cache_read_input_tokens or 0) >= 256, delta
+    assert start.cache_read_input_tokens == delta.cache_read_input_tokens, (start, delta)
+    assert start.input_tokens == delta.input_tokens, (start, delta)

@@ -28,7 +28,7 @@ from vllm.tool_parsers import ToolParserManager  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 from hyperqwen import VLLM_VERSION  # noqa: E402
-from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, KV_DTYPES  # noqa: E402
+from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, KV_DTYPES, STRUCTURED_OUTPUT_CONFIGS  # noqa: E402
 from hyperqwen.config.settings import SettingsError, resolve_settings  # noqa: E402
 from hyperqwen.launch.command import build_command  # noqa: E402
 
@@ -114,6 +114,12 @@ def test_generated_argv_parses_and_validates(parser, mode, env):
         assert isinstance(spec["num_speculative_tokens"], int) and spec["num_speculative_tokens"] >= 1
     if args.override_generation_config:
         assert set(args.override_generation_config) == {"temperature"}
+    # STRUCTURED_OUTPUT's dotted flags merge into one structured-outputs config with exactly its settings.
+    wanted = STRUCTURED_OUTPUT_CONFIGS[settings["STRUCTURED_OUTPUT"]]
+    grammar = args.structured_outputs_config
+    assert {key: getattr(grammar, key) for key in wanted} == wanted
+    if "disable_any_whitespace" not in wanted:
+        assert grammar.disable_any_whitespace is False
 
     # vLLM's own EngineArgs accept the parsed namespace.
     engine_args = AsyncEngineArgs.from_cli_args(args)

@@ -31,3 +31,16 @@ def test_agents_doc_config_toml_points_at_the_catalog_with_the_same_context():
     window = re.search(r"^model_context_window = (\d+)", text, re.MULTILINE)
     assert window and int(window.group(1)) == entry["context_window"]
     assert re.search(r'^model_catalog_json = "/[^"]+\.json"', text, re.MULTILINE)
+
+
+def test_every_json_and_yaml_block_in_the_agents_doc_parses():
+    """The client configuration files docs/agents.md gives (opencode.json, aider's model metadata, Continue's and
+    llm's YAML, the LiteLLM proxy's config) are valid as printed, so a copy-paste starts from a file that loads."""
+    import yaml
+
+    blocks = re.findall(r"^```(json|yaml)\n(.*?)^```", AGENTS_DOC.read_text(), re.MULTILINE | re.DOTALL)
+    kinds = [kind for kind, _ in blocks]
+    assert kinds.count("yaml") >= 3 and kinds.count("json") >= 2, kinds
+    for kind, text in blocks:
+        loaded = json.loads(text) if kind == "json" else yaml.safe_load(text)
+        assert loaded, text

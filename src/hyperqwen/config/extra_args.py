@@ -440,6 +440,28 @@ def dests_set_by_vllm(words: Sequence[str], parser: Any | None = None) -> set[st
     }
 
 
+# argparse's error line (`PROG: error: MESSAGE`, after the usage text) and pydantic's link line, which follows
+# every validation error and says nothing about this one.
+_PARSER_ERROR_RE = re.compile(r"^\S.*?: error: ")
+_PYDANTIC_LINK = "For further information visit"
+_PYDANTIC_DETAIL_RE = re.compile(r"\s*\[type=[^\]]*\]")
+
+
+def parser_refusal_reason(stderr: str) -> str:
+    """vLLM's reason for refusing, on one line, from what its parser wrote to stderr: argparse's `error:` message
+    and what follows it (a config's pydantic ValidationError spans lines: field, then the reason), without the
+    usage text before it or pydantic's documentation link. Any value given after '=' is masked: a key passed by
+    mistake must not be echoed."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if _PARSER_ERROR_RE.match(line)), max(len(lines) - 1, 0))
+    said = [line for line in lines[start:] if not line.startswith(_PYDANTIC_LINK)]
+    message = "; ".join(said)
+    message = _PARSER_ERROR_RE.sub("", message, count=1)
+    # pydantic's "[type=..., input_value=..., input_type=...]" repeats the value (masked below anyway).
+    message = _PYDANTIC_DETAIL_RE.sub("", message)
+    return re.sub(r"=\S+", "=****", message)
+
+
 def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> list[str]:
     """The real parser's verdict on EXTRA_ARGS: owned options it would set, and stray positionals."""
     owned = owned_dests()
@@ -454,9 +476,7 @@ def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> l
     except SystemExit as exc:
         if exc.code in (0, None):  # --help: vLLM would print it and exit 0 instead of serving
             return ["makes vLLM print its help and exit instead of serving; remove -h/--help"]
-        said = [line for line in captured.getvalue().splitlines() if line.strip()]
-        # Its message, with any value given after '=' masked: a key passed by mistake must not be echoed.
-        message = re.sub(r"=\S+", "=****", said[-1].strip()) if said else ""
+        message = parser_refusal_reason(captured.getvalue())
         return ["vLLM's own parser refuses these arguments" + (f": {message}" if message else "")]
     messages = [
         f"sets vLLM's {table.strings_for(d)[-1]}, which HyperQwen sets from {_knob_hint(owned[d])}; "

@@ -45,6 +45,18 @@ CTX_PRESETS: dict[str, dict[str, Any]] = {
     "huge": {"kv": "int4", "max_len": 262144},
 }
 
+# STRUCTURED_OUTPUT -> vLLM's structured-outputs config (vllm/config/structured_outputs.py: backend, and
+# disable_any_whitespace, which only xgrammar and guidance support). vLLM's default (auto, free whitespace) let a
+# JSON-schema reply stop after `{"ok"` and pad with whitespace until max_tokens on every API; compact JSON ends
+# when the object closes (tests/integration/test_structured_output.py).
+STRUCTURED_OUTPUT_CONFIGS: dict[str, dict[str, Any]] = {
+    "xgrammar-compact": {"backend": "xgrammar", "disable_any_whitespace": True},
+    "guidance-compact": {"backend": "guidance", "disable_any_whitespace": True},
+    "xgrammar": {"backend": "xgrammar"},
+    "guidance": {"backend": "guidance"},
+    "auto": {"backend": "auto"},
+}
+
 SPEC_METHODS = ("mtp", "dflash2", "ngram", "mtp+lookup", "none")
 # The SPEC values that draft with the checkpoint's own MTP head (its layers, weights and KV in the plan).
 MTP_SPEC_METHODS = ("mtp", "mtp+lookup")
@@ -569,6 +581,22 @@ KNOBS: tuple[Knob, ...] = (
         API,
         default="qwen3",
         choices=("qwen3", "deepseek_r1", "none"),
+    ),
+    Knob(
+        "STRUCTURED_OUTPUT",
+        "choice",
+        "Grammar backend for structured output (JSON schema / json_object on every API, forced tool calls) and "
+        "whether the JSON it allows may carry free whitespace between tokens; -compact = none (strings keep "
+        "theirs).",
+        "--structured-outputs-config (backend, disable_any_whitespace)",
+        API,
+        default="xgrammar-compact",
+        choices=tuple(STRUCTURED_OUTPUT_CONFIGS),
+        tradeoff="with free whitespace a small or unsure model can pad a JSON reply with blank lines until max_tokens.",
+        details=(
+            "xgrammar-compact / guidance-compact: that backend, no whitespace outside strings; xgrammar / "
+            "guidance: that backend, whitespace allowed; auto: vLLM's own choice, whitespace allowed",
+        ),
     ),
     Knob(
         "THINKING",

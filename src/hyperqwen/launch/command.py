@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import PurePath
 from typing import Any
 
-from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
+from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB, STRUCTURED_OUTPUT_CONFIGS
 from hyperqwen.config.settings import Problem, Settings, SettingsError, describe_bind, is_loopback, listen_address
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -271,6 +271,10 @@ def build_command(
             option("--tool-call-parser", settings["TOOL_PARSER"]),
             option("--tool-strict-level", "parameter"),
         ]
+    # The structured-output grammar (STRUCTURED_OUTPUT_CONFIGS in config/knobs.py says why compact by default);
+    # dotted flags, which vLLM's parser merges into one --structured-outputs-config.
+    for key, value in STRUCTURED_OUTPUT_CONFIGS[settings["STRUCTURED_OUTPUT"]].items():
+        args.append(option(f"--structured-outputs-config.{key}", value if isinstance(value, str) else json.dumps(value)))
     if settings["REASONING_PARSER"] != "none":
         args.append(option("--reasoning-parser", settings["REASONING_PARSER"]))
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.

@@ -203,3 +203,23 @@ def test_stream_progress_reaches_patch_0060_through_the_environment():
     assert command_for().env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] == "1.0"  # the documented default
     assert command_for({"STREAM_PROGRESS": "0"}).env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] == "0.0"
     assert command_for({"STREAM_PROGRESS": "0.25"}).env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] == "0.25"
+
+
+@pytest.mark.parametrize("mode", ["single", "batch"])
+def test_structured_output_is_compact_xgrammar_by_default(mode):
+    argv = command_for(mode=mode).argv
+    assert flag_value(argv, "--structured-outputs-config.backend") == "xgrammar"
+    assert flag_value(argv, "--structured-outputs-config.disable_any_whitespace") == "true"
+
+
+@pytest.mark.parametrize("choice, backend, compact", [("auto", "auto", False), ("xgrammar", "xgrammar", False),
+                                                       ("guidance-compact", "guidance", True)])
+def test_structured_output_knob_picks_backend_and_whitespace(choice, backend, compact):
+    argv = command_for({"STRUCTURED_OUTPUT": choice}).argv
+    assert flag_value(argv, "--structured-outputs-config.backend") == backend
+    assert ("--structured-outputs-config.disable_any_whitespace" in argv) is compact
+
+
+def test_structured_outputs_config_in_extra_args_names_the_knob():
+    with pytest.raises(SettingsError, match="STRUCTURED_OUTPUT"):
+        command_for({"EXTRA_ARGS": "--structured-outputs-config.backend guidance"})
