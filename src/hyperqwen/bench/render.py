@@ -352,7 +352,7 @@ GUIDE = [
     "",
     "## Run the field report on your GPU (e.g. an RTX 3090)",
     "",
-    "1. Start the server as usual (`docker compose up -d`, or `hyperqwen serve`) with an API key, and let nothing "
+    "1. Start the server as usual (`docker compose --profile single up -d`, or `--profile batch`; or `hyperqwen serve`) with an API key, and let nothing "
     "else use it while the report runs: speculative-decoding numbers are read from the server's counters.",
     "2. On the same or another machine with `pip install 'hyperqwen[bench]'` (the image has it): "
     "`hyperqwen bench suite --url http://127.0.0.1:18020 --api-key-file api_key.txt --out my-report` (or inside "

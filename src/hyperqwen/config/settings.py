@@ -348,15 +348,24 @@ def load_profile(mode: str, path: Path | None = None) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SettingsError(
-            [Problem("error", f"{path}: the {mode} profile cannot be read ({exc.strerror or exc}); reinstall "
-                     "HyperQwen or restore the file from the repository", "MODE")]
+            [
+                Problem(
+                    "error",
+                    f"{path}: the {mode} profile cannot be read ({exc.strerror or exc}); reinstall "
+                    "HyperQwen or restore the file from the repository",
+                    "MODE",
+                )
+            ]
         ) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise SettingsError(
-            [Problem("error", f"{path}: the {mode} profile is not valid YAML{at}; restore it from the repository",
-                     "MODE")]
+            [
+                Problem(
+                    "error", f"{path}: the {mode} profile is not valid YAML{at}; restore it from the repository", "MODE"
+                )
+            ]
         ) from None
     if not isinstance(data, dict) or data.get("mode") != mode or not isinstance(data.get("defaults"), dict):
         raise SettingsError([Problem("error", f"{path}: a profile needs `mode: {mode}` and a `defaults:` mapping")])

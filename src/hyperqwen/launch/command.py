@@ -274,7 +274,9 @@ def build_command(
     # The structured-output grammar (STRUCTURED_OUTPUT_CONFIGS in config/knobs.py says why compact by default);
     # dotted flags, which vLLM's parser merges into one --structured-outputs-config.
     for key, value in STRUCTURED_OUTPUT_CONFIGS[settings["STRUCTURED_OUTPUT"]].items():
-        args.append(option(f"--structured-outputs-config.{key}", value if isinstance(value, str) else json.dumps(value)))
+        args.append(
+            option(f"--structured-outputs-config.{key}", value if isinstance(value, str) else json.dumps(value))
+        )
     if settings["REASONING_PARSER"] != "none":
         args.append(option("--reasoning-parser", settings["REASONING_PARSER"]))
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.

@@ -214,7 +214,9 @@ def activation_peak_estimate(
     def logits(seqs: int, kk: int) -> int:
         return seqs * (1 + kk) * vocab * 4
 
-    value = measured + (max_num_batched_tokens - at_tokens) * per_token + logits(max_num_seqs, k) - logits(at_seqs, at_k)
+    value = (
+        measured + (max_num_batched_tokens - at_tokens) * per_token + logits(max_num_seqs, k) - logits(at_seqs, at_k)
+    )
     return Term(
         max(value, 0),
         f"{measured / GiB:.2f} GiB measured cold on CUDA at {at_tokens} batched tokens, {at_seqs} sequences, "
@@ -616,7 +618,8 @@ def plan_inputs(
     weights = term(
         "WEIGHTS",
         Term(
-            w.resident(language_model_only=i.language_model_only, with_mtp=False) + drafter_term.value
+            w.resident(language_model_only=i.language_model_only, with_mtp=False)
+            + drafter_term.value
             + CUDA_LOAD_OVERHEAD,
             f"safetensors headers ({ckpt_source}) + {CUDA_LOAD_OVERHEAD / GiB:.2f} GiB CUDA holds beyond them "
             "while loading (docs/data/gpu)",
@@ -642,7 +645,13 @@ def plan_inputs(
     act = term(
         "ACTIVATION_PEAK",
         activation_peak_estimate(
-            s.hidden_size, s.intermediate_size, s.vocab_size, mdb, i.max_num_batched_tokens, i.max_num_seqs, k,
+            s.hidden_size,
+            s.intermediate_size,
+            s.vocab_size,
+            mdb,
+            i.max_num_batched_tokens,
+            i.max_num_seqs,
+            k,
             mtp=with_mtp,
         ),
     )

@@ -26,7 +26,7 @@ CASES = {
     "MAX_LEN=": (0, "default"),  # empty = unset everywhere: the mode/CTX default
     "TP=3": (2, None),  # does not divide the KV heads
     "VISION=true": (0, "shorter"),  # the vision tower's weights shorten the unset MAX_LEN
-    "MAX_SEQS=1024": (2, None),  # per-slot reservations leave ~2k tokens: refused, naming MAX_SEQS
+    "MAX_SEQS=768": (2, None),  # per-slot reservations leave a few k tokens: refused, naming MAX_SEQS
     "KV_MEM=100000TiB": (4, None),  # the pinned pool cannot be allocated: vLLM would not boot
     "MAX_LEN=262144": (3, None),  # set, too long: refused with the largest that fits
 }
@@ -86,11 +86,11 @@ def test_the_four_commands_agree(clean, capsys, knob_value):
 
 def test_refusals_name_the_knob_and_the_fix(clean):
     gpu = parse_gpu(CARD)
-    seqs = judge(resolve_settings({"MAX_SEQS": "1024", "MODELS_DIR": str(clean)}, mode="single"), gpu)
+    seqs = judge(resolve_settings({"MAX_SEQS": "768", "MODELS_DIR": str(clean)}, mode="single"), gpu)
     (problem,) = seqs.refusals
     assert problem.knob == "MAX_SEQS"
     kept = int(re.search(r"MAX_SEQS=(\d+) keeps", problem.message).group(1))
-    assert 4 < kept < 1024
+    assert 4 < kept < 768
     fits = judge(resolve_settings({"MAX_SEQS": str(kept), "MODELS_DIR": str(clean)}, mode="single"), gpu)
     assert fits.starts and not fits.chosen
     too_many = judge(resolve_settings({"MAX_SEQS": str(kept + 1), "MODELS_DIR": str(clean)}, mode="single"), gpu)
