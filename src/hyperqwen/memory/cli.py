@@ -111,12 +111,19 @@ def render_table(b: MemoryBudget) -> str:
     )
     lines.append(row("state pages / request / group", str(lay.state_blocks_per_group)))
     lines += ["", "Result:"]
-    lines.append(row("MAX_LEN", f"{b.max_model_len:,}"))
-    lines.append(row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}"))
+    lines.append(row("MAX_LEN", f"{b.max_model_len:,}", "the context a request may use (--max-model-len)"))
+    lines.append(row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}", "the KV pool in tokens, all requests"))
     lines.append(row("max concurrency at MAX_LEN", f"{b.max_concurrency}x", "vLLM's 'Maximum concurrency' line"))
-    lines.append(row("longest context of one request", f"{b.longest_context:,}"))
+    lines.append(
+        row(
+            "longest context of one request",
+            f"{b.longest_context:,}",
+            "what the pool holds for one request alone, after its state pages",
+        )
+    )
     for n, c in b.resident_requests.items():
-        lines.append(row(f"requests resident at {n:,} tokens", f"{c:,}", f"capped by MAX_SEQS {i.max_num_seqs}"))
+        capped = b.layout.resident_requests(b.pool_bytes, n) > i.max_num_seqs
+        lines.append(row(f"requests resident at {n:,} tokens", f"{c:,}", "capped by MAX_SEQS" if capped else ""))
     lines.append(row("largest MAX_LEN that fits", f"{b.largest_fitting_max_len:,}", b.largest_note.strip()))
     lines.append(row("largest KV_MEM keeping the floor", f"{b.suggested_kv_mem:,} B", format_gib(b.suggested_kv_mem)))
     lines.append("")
@@ -126,7 +133,40 @@ def render_table(b: MemoryBudget) -> str:
     return "\n".join(lines)
 
 
-def _fail(message: str) -> int:
+def one_change(b: MemoryBudget) -> str:
+    """The single change to try first: nothing when it fits; the context when only the context is too long;
+    else the planner's first hint."""
+    if b.fits:
+        return "none needed"
+    if b.outcome is Outcome.SHORTER and b.largest_fitting_max_len:
+        return f"set MAX_LEN={b.largest_fitting_max_len}{b.largest_note}"
+    if b.fix_hints:
+        return b.fix_hints[0]
+    if b.largest_fitting_max_len:
+        return f"set MAX_LEN={b.largest_fitting_max_len}{b.largest_note}"
+    return "no setting fits this card; see --verbose"
+
+
+def render_answer(b: MemoryBudget) -> str:
+    """The short answer: verdict, context, seats, pool, the one change. The table is under --verbose."""
+    i = b.inputs
+    seats = ", ".join(f"{c:,} of {n:,}" for n, c in b.resident_requests.items())
+    return "\n".join(
+        [
+            f"{b.outcome.value.upper()} (exit {b.outcome.exit_code}) on {b.gpu.name}, {format_gib(b.gpu.total_bytes)}",
+            f"  context   MAX_LEN={b.max_model_len:,} tokens per request",
+            f"  seats     {seats} tokens: requests served at once (MAX_SEQS={i.max_num_seqs})",
+            f"  pool      KV {format_gib(b.pool_bytes)} = {b.pool_tokens:,} tokens ({i.kv_cache_dtype}); "
+            f"{format_gib(b.headroom_bytes)} free after boot",
+            f"  change    {one_change(b)}",
+            "Every term and where it comes from: hyperqwen plan --verbose",
+        ]
+    )
+
+
+def _fail(message: str, as_json: bool = False) -> int:
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": EXIT_BAD_INPUT}))
     print(f"hyperqwen plan: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
@@ -146,18 +186,20 @@ def run_plan(args: argparse.Namespace) -> int:
         if choose_len and budget.largest_fitting_max_len and budget.outcome in (Outcome.FITS, Outcome.SHORTER):
             budget = plan_memory(settings, gpu, model_dir=model_dir, max_len=budget.largest_fitting_max_len, host=host)
     except GpuError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), args.json)
     except SizeError as exc:
-        return _fail(f"--host-ram={args.host_ram!r} {exc}")
+        return _fail(f"--host-ram={args.host_ram!r} {exc}", args.json)
     except SettingsError as exc:
         errors = [p.message for p in exc.problems if p.severity == "error"] or [str(exc)]
-        return _fail("; ".join(errors))
+        return _fail("; ".join(errors), args.json)
     except (MemoryPlanError, CheckpointError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), args.json)
     if args.json:
         print(json.dumps(budget.to_dict(), indent=2))
-    else:
+    elif args.verbose:
         print(render_table(budget))
+    else:
+        print(render_answer(budget))
     return budget.outcome.exit_code
 
 
@@ -179,7 +221,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--wsl2", action="store_true", help="the card under WSL2 (its driver leaves ~0.5 GiB less)")
     p.add_argument("--reserved", help="memory other programs hold on the card (desktop, browser), e.g. 1.5GiB")
     p.add_argument("--host-ram", help="host RAM available for RAM_CACHE, e.g. 64GiB (default: this machine's)")
-    p.add_argument("--json", action="store_true", help="print the budget as JSON")
+    p.add_argument(
+        "--json", action="store_true", help='print the budget as JSON; bad input prints {"error": ..., "exit_code": 2}'
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="print every term of the budget and its source")
     p.add_argument("--model-dir", help="checkpoint directory (default: MODELS_DIR/MODEL, else the bundled shapes)")
     add_settings_arguments(p)
     p.set_defaults(func=run_plan)
