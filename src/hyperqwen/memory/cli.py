@@ -112,13 +112,15 @@ def render_table(b: MemoryBudget) -> str:
     lines.append(row("state pages / request / group", str(lay.state_blocks_per_group)))
     lines += ["", "Result:"]
     lines.append(row("MAX_LEN", f"{b.max_model_len:,}", "the context a request may use (--max-model-len)"))
-    lines.append(row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}", "the KV pool in tokens, all requests"))
+    lines.append(
+        row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}", "vLLM's 'GPU KV cache size': concurrency x MAX_LEN")
+    )
     lines.append(row("max concurrency at MAX_LEN", f"{b.max_concurrency}x", "vLLM's 'Maximum concurrency' line"))
     lines.append(
         row(
             "longest context of one request",
             f"{b.longest_context:,}",
-            "what the pool holds for one request alone, after its state pages",
+            "the longest single request this pool holds",
         )
     )
     for n, c in b.resident_requests.items():
