@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """The one test command: build the test environment from the package registries, then run the tests.
 
-    python3 scripts/test.py [pytest args...]          full tier: what CI runs
+    python3 scripts/test.py                           both tiers, fast first: what CI runs
     python3 scripts/test.py --fast [pytest args...]   fast tier: every unit test, no vLLM, about 2 minutes
+    python3 scripts/test.py [pytest args...]          full tier, only the tests named
 
+Fast tier: a small virtualenv (.venv-fast) with the project and its light extras; runs tests/unit; a test
+whose tool is not installed there (torch, vLLM, starlette, a linter binary) skips and names it.
 Full tier: creates a virtualenv (HYPERQWEN_VENV, default .venv), installs the real vLLM 0.32.0 CPU build and
 every tool the tests use, then runs pytest over tests/ (unit, integration against the real vLLM, lints,
 ruff and mypy, `docker compose config`). HYPERQWEN_FULL_TIER=1 makes a missing tool a failure, not a skip.
-Fast tier: a small virtualenv (.venv-fast) with the project and its light extras; runs tests/unit; a test
-whose tool is not installed there skips and names it.
+Without arguments both run from the same clone: the fast tier first (a failure stops there), then the full
+tier without the tests the fast tier passed (tests/conftest.py hands their ids over), so nothing runs twice.
 Re-runs skip the install when requirements are unchanged (a stamp file).
 Standard library only: it runs before anything is installed.
 """
@@ -191,31 +194,59 @@ def ensure_fast_venv() -> None:
     stamp.write_text(digest)
 
 
+def run_pytest(venv: Path, tier: str, paths: list[str], extra_env: dict[str, str]) -> int:
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", FULL_TIER_ENV: tier,
+           **extra_env}
+    argv = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
+            f"--timeout={TIMEOUT_SECONDS_PER_TEST}", *paths]
+    log("$ " + " ".join(argv))
+    return subprocess.run(argv, cwd=ROOT, env=env).returncode
+
+
 def main() -> int:
     started = time.monotonic()
     args = sys.argv[1:]
     fast = bool(args) and args[0] == "--fast"
     if fast:
-        args = args[1:]
         ensure_fast_venv()
-        venv, default_paths, tier = FAST_VENV, ["tests/unit"], "0"
-    else:
+        log(f"environment ready after {time.monotonic() - started:.0f} s")
+        code = run_pytest(FAST_VENV, "0", args[1:] or ["tests/unit"], {})
+    elif args:  # a narrowed full-tier run: exactly what was asked
         ensure_apt_packages()
         ensure_venv()
         ensure_agent_clis()
         ensure_python_clis()
         ensure_webui_venv()
-        venv, default_paths, tier = VENV, ["tests"], "1"
-    log(f"environment ready after {time.monotonic() - started:.0f} s")
-    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", FULL_TIER_ENV: tier}
-    argv = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
-            f"--timeout={TIMEOUT_SECONDS_PER_TEST}", *(args or default_paths)]
-    log("$ " + " ".join(argv))
-    code = subprocess.run(argv, cwd=ROOT, env=env).returncode
+        log(f"environment ready after {time.monotonic() - started:.0f} s")
+        code = run_pytest(VENV, "1", args, {})
+    else:
+        code = run_both_tiers(started)
     if code == 5 and args:  # pytest: no tests collected by a narrowed selection; say so, do not pass silently
         log("no test matched the selection")
     log(f"finished with exit code {code} after {time.monotonic() - started:.0f} s")
     return code
+
+
+def run_both_tiers(started: float) -> int:
+    """What CI runs: the fast tier first, from this same clone, so it cannot break unseen; then the full tier,
+    which deselects every test the fast tier passed and runs the rest (what needs vLLM, torch or a linter
+    binary, the integration tests, the lints) with every tool installed."""
+    passed = FAST_VENV / "passed-tests.txt"
+    passed.unlink(missing_ok=True)
+    ensure_fast_venv()
+    log(f"fast tier: environment ready after {time.monotonic() - started:.0f} s")
+    code = run_pytest(FAST_VENV, "0", ["tests/unit"], {"HYPERQWEN_RECORD_PASSED": str(passed)})
+    if code != 0:
+        log(f"the fast tier failed (exit code {code}); the full tier does not run until it passes")
+        return code
+    log(f"fast tier passed after {time.monotonic() - started:.0f} s; {len(passed.read_text().splitlines())} "
+        "tests will not run again")
+    ensure_apt_packages()
+    ensure_venv()
+    ensure_agent_clis()
+    ensure_webui_venv()
+    log(f"full tier: environment ready after {time.monotonic() - started:.0f} s")
+    return run_pytest(VENV, "1", ["tests"], {"HYPERQWEN_SKIP_PASSED": str(passed)})
 
 
 if __name__ == "__main__":

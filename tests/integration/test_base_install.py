@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hyperqwen.cli import COMMANDS
+from support.commands import TYPICAL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,3 +64,14 @@ def test_serve_print_works_on_a_base_install(base_venv, tmp_path):
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "vllm.entrypoints.openai.api_server" in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_typical_first_input_ends_without_a_traceback(base_venv, tmp_path, name):
+    env = {"PATH": str(base_venv / "bin"), "HOME": str(tmp_path), "MODELS_DIR": str(tmp_path / "models"),
+           "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([str(base_venv / "bin" / "hyperqwen"), *TYPICAL[name]], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env=env)
+    assert "Traceback" not in result.stderr and "unrecognized arguments" not in result.stderr, result.stderr
+    if "needs the Python package" in result.stderr:
+        assert result.returncode == 2 and f"pip install 'hyperqwen[{COMMANDS[name].extra or 'all'}]'" in result.stderr

@@ -17,7 +17,7 @@ def missing_tool(what: str, install: str):
     message = f"{what} is not installed ({install})"
     if os.environ.get(FULL_TIER_ENV) == "1":
         pytest.fail(message + "; the full tier installs it (scripts/test.py)", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)  # also at import time, to skip a whole module
 
 
 def import_or_missing(module: str, install: str):
@@ -28,3 +28,14 @@ def import_or_missing(module: str, install: str):
         return importlib.import_module(module)
     except ImportError:
         missing_tool(f"the Python module {module!r}", install)
+
+
+def require_modules(*modules: str, why: str) -> None:
+    """At the top of a test module that needs the full tier's heavy packages (torch, vLLM, starlette): skip the
+    whole module in the fast tier, naming the first missing package; fail in the full tier. Call it before
+    importing them, so the fast tier never reaches an ImportError."""
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            missing_tool(f"the Python package {module!r} ({why})", "the full tier installs it: python3 scripts/test.py")

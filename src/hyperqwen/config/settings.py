@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
+from hyperqwen.config.names import did_you_mean, unknown_names
 from hyperqwen.config.sizes import SizeError, parse_size
 
 DEFAULT = "default"
@@ -231,103 +232,10 @@ def parse_value(knob: Knob, raw: str) -> Any:
     return value
 
 
-# --- did you mean ----------------------------------------------------------------------------------
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Optimal string alignment distance (Levenshtein plus adjacent transpositions)."""
-    rows = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
-    for i in range(len(a) + 1):
-        rows[i][0] = i
-    for j in range(len(b) + 1):
-        rows[0][j] = j
-    for i in range(1, len(a) + 1):
-        for j in range(1, len(b) + 1):
-            cost = 0 if a[i - 1] == b[j - 1] else 1
-            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
-    return rows[len(a)][len(b)]
-
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
-    """The closest candidate within a small edit distance (1 for short words, 2 for longer), else None."""
-    best: tuple[int, str] | None = None
-    upper = word.upper()
-    for candidate in candidates:
-        limit = 1 if len(candidate) <= 5 else 2
-        if abs(len(candidate) - len(word)) > limit:  # the distance is at least the length difference
-            continue
-        distance = edit_distance(upper, candidate.upper())
-        if distance <= limit and (best is None or distance < best[0]):
-            best = (distance, candidate)
-    return best[1] if best else None
-
-
-# Environment names that are near a knob name by accident; never "did you mean" them.
-_COMMON_ENV = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "PWD",
-        "OLDPWD",
-        "USER",
-        "SHELL",
-        "TERM",
-        "LANG",
-        "TZ",
-        "CC",
-        "CXX",
-        "CPP",
-        "LD",
-        "HOSTNAME",
-        "MAIL",
-        "EDITOR",
-        "PAGER",
-        "DISPLAY",
-        "SHLVL",
-        "LOGNAME",
-        "TMP",
-        "TEMP",
-        "TMPDIR",
-        "CI",
-        "_",
-    }
-)
-# Names that legitimately sit beside our knobs in a .env or container environment.
-_PASSTHROUGH_PREFIXES = (
-    "VLLM_",
-    "HF_",
-    "HUGGINGFACE_",
-    "CUDA_",
-    "NVIDIA_",
-    "PYTORCH_",
-    "TORCH",
-    "NCCL_",
-    "OMP_",
-    "COMPOSE_",
-    "DOCKER_",
-    "HYPERQWEN_",
-    "TRANSFORMERS_",
-    "TOKENIZERS_",
-)
-
-
 # Knobs that name a file or directory (relative ones under MODELS_DIR).
 PATH_KNOBS = tuple(
     k.name for k in KNOBS if k.kind == "str" and (k.name.endswith(("_DIR", "_FILE")) or "under MODELS_DIR" in k.doc)
 )
-
-
-def _looks_like_ours(name: str) -> str | None:
-    """For an unknown variable: the knob it was probably meant to be, if any."""
-    if name in _COMMON_ENV:
-        return None
-    if name.upper() in KNOBS_BY_NAME:  # a lower-case spelling, e.g. "spec"
-        return name.upper()
-    if len(name) < 3:
-        return None
-    return did_you_mean(name, KNOBS_BY_NAME)
 
 
 # --- profiles -------------------------------------------------------------------------------------
@@ -445,28 +353,8 @@ def resolve_settings(
         items[knob.name] = _resolve_one(knob, profile_values.get(knob.name), chosen_mode, layers, problems)
 
     items["BIND"] = _unbracket(items["BIND"])
-    passthrough: dict[str, str] = {}
-    for source, layer in ((ENV_FILE, env_file), (ENVIRONMENT, environ)):
-        for name, value in layer.items():
-            if name in KNOBS_BY_NAME:
-                continue
-            if source == ENV_FILE:
-                passthrough[name] = value
-            guess = _looks_like_ours(name)
-            # A prefix marks another program's variable (VLLM_..., HF_...), unless the knob it is close to has
-            # the same prefix: VLLM_APIKEY is a misspelt VLLM_API_KEY, not a vLLM setting.
-            if guess and (
-                not name.startswith(_PASSTHROUGH_PREFIXES)
-                or any(name.startswith(p) and guess.startswith(p) for p in _PASSTHROUGH_PREFIXES)
-            ):
-                where = ".env" if source == ENV_FILE else "the environment"
-                problems.append(
-                    Problem(
-                        "warning",
-                        f"{name} (in {where}) is not a HyperQwen knob and is ignored; did you mean {guess}?",
-                        guess,
-                    )
-                )
+    passthrough = {name: value for name, value in env_file.items() if name not in KNOBS_BY_NAME}
+    problems.extend(Problem("warning", unknown.message, unknown.guess) for unknown in unknown_names(env_file, environ))
 
     settings = Settings(chosen_mode, items, tuple(problems), passthrough)
     problems.extend(check_combination(settings))

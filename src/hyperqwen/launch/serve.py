@@ -152,8 +152,11 @@ def explain(launch: Launch) -> str:
 
 
 def report(problems: Sequence[Problem]) -> None:
+    from hyperqwen.config.names import already_reported
+
     for problem in problems:
-        print(f"hyperqwen: {problem}", file=sys.stderr)
+        if not already_reported(problem.message):  # `hyperqwen` printed its "did you mean" lines already
+            print(f"hyperqwen: {problem}", file=sys.stderr)
 
 
 def exec_environment(command: VllmCommand, environ: Mapping[str, str]) -> dict[str, str]:

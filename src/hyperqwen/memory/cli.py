@@ -18,7 +18,7 @@ from pathlib import Path
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import SettingsError
 from hyperqwen.config.sizes import SizeError, parse_size
-from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, format_gib
+from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, Outcome, format_gib
 from hyperqwen.memory.checkpoint import CheckpointError
 from hyperqwen.memory.gpu import CARDS, GpuError, parse_gpu
 from hyperqwen.memory.host import HostFacts, read_host_facts
@@ -114,12 +114,21 @@ def render_table(b: MemoryBudget) -> str:
     )
     lines.append(row("state pages / request / group", str(lay.state_blocks_per_group)))
     lines += ["", "Result:"]
-    lines.append(row("MAX_LEN", f"{b.max_model_len:,}"))
-    lines.append(row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}"))
+    lines.append(row("MAX_LEN", f"{b.max_model_len:,}", "the context a request may use (--max-model-len)"))
+    lines.append(
+        row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}", "vLLM's 'GPU KV cache size': concurrency x MAX_LEN")
+    )
     lines.append(row("max concurrency at MAX_LEN", f"{b.max_concurrency}x", "vLLM's 'Maximum concurrency' line"))
-    lines.append(row("longest context of one request", f"{b.longest_context:,}"))
+    lines.append(
+        row(
+            "longest context of one request",
+            f"{b.longest_context:,}",
+            "the longest single request this pool holds",
+        )
+    )
     for n, c in b.resident_requests.items():
-        lines.append(row(f"requests resident at {n:,} tokens", f"{c:,}", f"capped by MAX_SEQS {i.max_num_seqs}"))
+        capped = b.layout.resident_requests(b.pool_bytes, n) > i.max_num_seqs
+        lines.append(row(f"requests resident at {n:,} tokens", f"{c:,}", "capped by MAX_SEQS" if capped else ""))
     lines.append(row("largest MAX_LEN that fits", f"{b.largest_fitting_max_len:,}", b.largest_note.strip()))
     lines.append(row("largest KV_MEM keeping the floor", f"{b.suggested_kv_mem:,} B", format_gib(b.suggested_kv_mem)))
     lines.append("")
@@ -129,7 +138,40 @@ def render_table(b: MemoryBudget) -> str:
     return "\n".join(lines)
 
 
-def _fail(message: str) -> int:
+def one_change(b: MemoryBudget) -> str:
+    """The single change to try first: nothing when it fits; the context when only the context is too long;
+    else the planner's first hint."""
+    if b.fits:
+        return "none needed"
+    if b.outcome is Outcome.SHORTER and b.largest_fitting_max_len:
+        return f"set MAX_LEN={b.largest_fitting_max_len}{b.largest_note}"
+    if b.fix_hints:
+        return b.fix_hints[0]
+    if b.largest_fitting_max_len:
+        return f"set MAX_LEN={b.largest_fitting_max_len}{b.largest_note}"
+    return "no setting fits this card; see --verbose"
+
+
+def render_answer(b: MemoryBudget, exit_code: int) -> str:
+    """The short answer: verdict, context, seats, pool, the one change. The table is under --verbose."""
+    i = b.inputs
+    seats = ", ".join(f"{c:,} of {n:,}" for n, c in b.resident_requests.items())
+    return "\n".join(
+        [
+            f"{b.outcome.value.upper()} (exit {exit_code}) on {b.gpu.name}, {format_gib(b.gpu.total_bytes)}",
+            f"  context   MAX_LEN={b.max_model_len:,} tokens per request",
+            f"  seats     {seats} tokens: requests served at once (MAX_SEQS={i.max_num_seqs})",
+            f"  pool      KV {format_gib(b.pool_bytes)} = {b.pool_tokens:,} tokens ({i.kv_cache_dtype}); "
+            f"{format_gib(b.headroom_bytes)} free after boot",
+            f"  change    {one_change(b)}",
+            "Every term and where it comes from: hyperqwen plan --verbose",
+        ]
+    )
+
+
+def _fail(message: str, as_json: bool = False) -> int:
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": EXIT_BAD_INPUT}))
     print(f"hyperqwen plan: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
@@ -168,25 +210,25 @@ def run_plan(args: argparse.Namespace) -> int:
         # The verdict serve, verify and replicas give too (memory/verdict.py): same refusals, same MAX_LEN.
         verdict = judge(settings, gpu, host=host, model_dir=model_dir)
     except GpuError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), args.json)
     except SizeError as exc:
-        return _fail(f"--host-ram={args.host_ram!r} {exc}")
+        return _fail(f"--host-ram={args.host_ram!r} {exc}", args.json)
     except SettingsError as exc:
         errors = [p.message for p in exc.problems if p.severity == "error"] or [str(exc)]
-        return _fail("; ".join(errors))
+        return _fail("; ".join(errors), args.json)
     except (MemoryPlanError, CheckpointError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), args.json)
     except (OSError, UnicodeDecodeError) as exc:  # a file in the checkpoint that cannot be read
         where = getattr(exc, "filename", None) or args.model_dir or "the checkpoint"
-        return _fail(f"cannot read {where} ({getattr(exc, 'strerror', None) or type(exc).__name__})")
+        return _fail(f"cannot read {where} ({getattr(exc, 'strerror', None) or type(exc).__name__})", args.json)
     if verdict.refusals:
-        return _fail("; ".join(p.message for p in verdict.refusals))
+        return _fail("; ".join(p.message for p in verdict.refusals), args.json)
     budget = verdict.budget
     assert budget is not None  # a card was given and nothing was refused: judge planned it
     if args.json:
         print(json.dumps({**budget.to_dict(), "exit_code": verdict.exit_code, "notes": list(verdict.notes)}, indent=2))
     else:
-        print(render_table(budget))
+        print(render_table(budget) if args.verbose else render_answer(budget, verdict.exit_code))
         for note in verdict.notes:
             print(note)
     return verdict.exit_code
@@ -210,7 +252,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--wsl2", action="store_true", help="the card under WSL2 (its driver leaves ~0.5 GiB less)")
     p.add_argument("--reserved", help="memory other programs hold on the card (desktop, browser), e.g. 1.5GiB")
     p.add_argument("--host-ram", help="host RAM available for RAM_CACHE, e.g. 64GiB (default: this machine's)")
-    p.add_argument("--json", action="store_true", help="print the budget as JSON")
+    p.add_argument(
+        "--json", action="store_true", help='print the budget as JSON; bad input prints {"error": ..., "exit_code": 2}'
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="print every term of the budget and its source")
     p.add_argument("--model-dir", help="checkpoint directory (default: MODELS_DIR/MODEL, else the bundled shapes)")
     add_settings_arguments(p)
     p.set_defaults(func=run_plan)

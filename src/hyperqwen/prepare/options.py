@@ -152,10 +152,32 @@ def resolve_settings_from_args(args: Any, environ: Mapping[str, str] | None = No
     from hyperqwen.config.load import settings_from_args
     from hyperqwen.config.settings import SettingsError
 
+    environ = os.environ if environ is None else environ
     try:
-        return settings_from_args(args, os.environ if environ is None else environ)
+        settings = settings_from_args(args, environ)
     except SettingsError as exc:
         raise _settings_error(exc) from None
+    refuse_misspelt_model_source(settings, getattr(args, "env_file", None), environ)
+    return settings
+
+
+def refuse_misspelt_model_source(settings: Any, env_file: Any, environ: Mapping[str, str]) -> None:
+    """A misspelt model-source knob (MODEL_REPOO=...) would leave the real one at its default, and prepare would
+    download the default model (~20 GB) instead of the one meant: stop before anything is fetched."""
+    from hyperqwen.config.load import read_env_layer
+    from hyperqwen.config.names import MODEL_SOURCE_KNOBS, misspelt_model_source, unknown_names
+
+    env_values, _ = read_env_layer(env_file)
+    explicit = [name for name in MODEL_SOURCE_KNOBS if settings.explicit(name)]
+    misspelt = misspelt_model_source(unknown_names(env_values, environ), explicit)
+    if misspelt:
+        unknown = misspelt[0]
+        raise PrepareError(
+            f"{unknown.name} (in {unknown.where}) is not a knob, so {unknown.guess} keeps its default "
+            f"({settings[unknown.guess]!r}); nothing was downloaded",
+            fix=f"rename {unknown.name} to {unknown.guess} (or remove it to use the default)",
+            knob=unknown.guess,
+        )
 
 
 def _settings_error(exc: Any) -> PrepareError:

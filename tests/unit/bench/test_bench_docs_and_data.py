@@ -108,3 +108,15 @@ def test_document_of_tokens_reaches_target_and_cycles():
     assert "(Collection, part 2)" in long and 11000 <= len(long) // 4 <= 12360
     rotated = asyncio.run(data.document_of_tokens(counter, paragraphs, 500, rotate=7))
     assert rotated != short
+
+
+def test_readme_speed_numbers_are_the_references_and_say_so():
+    """The README's "What speed to expect" quotes only the reference setup's published numbers (one source:
+    bench/data/reference.json), labelled as theirs; none is presented as ours."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### What speed to expect", 1)[1].split("\n### ", 1)[0]
+    assert "not ours" in section and "RTX 3090" in section and "hyperqwen bench suite" in section
+    published = {row["value"] for row in json.loads((REPO / "bench" / "data" / "reference.json").read_text())["rows"]}
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| their")]
+    quoted = [float(line.rstrip(" |").rsplit("|", 1)[1]) for line in rows]
+    assert quoted and all(value in published for value in quoted), (quoted, sorted(published))

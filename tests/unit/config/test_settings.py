@@ -8,14 +8,13 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, MODES
+from hyperqwen.config.names import did_you_mean, edit_distance
 from hyperqwen.config.settings import (
     COMMAND_LINE,
     DEFAULT,
     ENV_FILE,
     ENVIRONMENT,
     SettingsError,
-    did_you_mean,
-    edit_distance,
     load_profile,
     profile_defaults,
     resolve_settings,

@@ -151,7 +151,7 @@ def test_cli_json_for_each_card(qwen38_dir, gpu, capsys):
 
 def test_cli_table_shows_order_and_concurrency(qwen38_dir, capsys):
     rc = plan_main(["--gpu", "48GiB", "--wsl2", "--reserved", "1GiB", "--model-dir", str(qwen38_dir),
-                    "--set", "KV_MEM=4GiB", "--set", "MAX_LEN=8192", "--set", "CUDA_GRAPHS=1GiB"])
+                    "--set", "KV_MEM=4GiB", "--set", "MAX_LEN=8192", "--set", "CUDA_GRAPHS=1GiB", "--verbose"])
     out = capsys.readouterr().out
     assert rc == 0 and "FITS (exit 0)" in out and "WSL2" in out and "CUDA_GRAPHS=1,073,741,824 B (set)" in out
     assert out.index("1. CUDA context") < out.index("2. startup check") < out.index("6. KV pool")
@@ -172,6 +172,25 @@ def test_cli_bad_input_exits_2_with_one_line(qwen38_dir, capsys, args, names):
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert names in err and "\n" not in err and "Traceback" not in err and captured.out == ""
+    # --json: the same line as a JSON object on stdout, the same exit code.
+    assert plan_main(["--model-dir", str(qwen38_dir), "--json", *args]) == 2
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["exit_code"] == 2 and names in answer["error"]
+
+
+def test_cli_leads_with_the_short_answer(qwen38_dir, capsys):
+    """Without --verbose: the verdict, context, seats, pool and the one change, in a few short lines."""
+    base = ["--gpu", "rtx3090", "--model-dir", str(qwen38_dir)]
+    assert plan_main([*base, "--set", "MAX_LEN=8192"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("FITS (exit 0) on ") and len(lines) <= 8 and max(map(len, lines)) <= 120
+    for label in ("context   MAX_LEN=8,192", "seats", "pool      KV", "change    none needed", "--verbose"):
+        assert label in out
+    assert "1. CUDA context" not in out  # the table is under --verbose
+    assert plan_main([*base, "--set", "MAX_LEN=262144", "--set", "SPEC=none"]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("FITS ONLY WITH A SHORTER CONTEXT (exit 3)") and "change    set MAX_LEN=" in out
 
 
 def test_cli_outcomes_have_distinct_exit_codes(qwen38_dir, capsys):

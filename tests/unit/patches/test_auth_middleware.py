@@ -10,12 +10,16 @@ from __future__ import annotations
 import re
 
 import pytest
-from starlette.applications import Starlette
-from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import PlainTextResponse
-from starlette.routing import Mount, Route, WebSocketRoute
-from starlette.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
+
+from support.tools import require_modules
+
+require_modules("starlette", "vllm", why="the middleware under test is the installed vLLM's")
+from starlette.applications import Starlette  # noqa: E402
+from starlette.middleware.cors import CORSMiddleware  # noqa: E402
+from starlette.responses import PlainTextResponse  # noqa: E402
+from starlette.routing import Mount, Route, WebSocketRoute  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+from starlette.websockets import WebSocketDisconnect  # noqa: E402
 
 KEY = "hq-unit-key-0123456789"
 OTHER_KEY = "hq-unit-second-key"

@@ -16,6 +16,10 @@ import json
 
 import pytest
 
+from support.tools import require_modules
+
+require_modules("vllm", "transformers", why="the parsers under test are the installed vLLM's")
+
 MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
 CORPUS = [
     "The capital of France is Paris. Let me think about the question first.",

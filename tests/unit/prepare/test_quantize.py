@@ -5,10 +5,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
-from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
 from safetensors import safe_open
 
 from hyperqwen.prepare.checkpoint import OUR_GROUP
@@ -16,6 +12,13 @@ from hyperqwen.prepare.errors import QuantizationError
 from hyperqwen.prepare.pipeline import prepare
 from hyperqwen.prepare.quantize import GROUP_SIZE, dequantize, quantize_block, weight_scheme
 from hyperqwen.prepare.safetensors_io import bf16_to_f32, f32_to_bf16_bits
+from support.tools import require_modules
+
+require_modules("torch", "compressed_tensors", why="the reference int8 packing comes from vLLM's requirements")
+import torch  # noqa: E402
+from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor  # noqa: E402
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32  # noqa: E402
+from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme  # noqa: E402
 
 
 def test_packing_is_bit_identical_to_compressed_tensors():

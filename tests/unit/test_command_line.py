@@ -1,0 +1,48 @@
+"""The `hyperqwen` command line: bare `hyperqwen`, and no traceback from any command when an extra is missing.
+
+A real base install (a fresh virtualenv, `pip install -e .`) is tested in tests/integration/test_base_install.py;
+here the extras' packages are hidden from the import system (`sys.modules[name] = None` makes `import name` raise
+ModuleNotFoundError, as on a base install), which costs a subprocess instead of a virtualenv.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hyperqwen.cli import COMMANDS
+from support.commands import TYPICAL
+
+EXTRA_PACKAGES = ("numpy", "aiohttp", "huggingface_hub", "safetensors", "tqdm", "prometheus_client", "matplotlib",
+                  "tokenizers", "httpx", "requests")
+HIDE_EXTRAS = (f"import sys\nfor name in {EXTRA_PACKAGES!r}:\n    sys.modules[name] = None\n"
+               "from hyperqwen.cli import main\nsys.exit(main(sys.argv[1:]))")
+
+def run(code: str, *args: str, cwd) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "MODELS_DIR": str(cwd / "models"), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=120)
+
+
+def test_bare_hyperqwen_lists_the_commands_and_exits_2(tmp_path):
+    result = run("from hyperqwen.cli import main; import sys; sys.exit(main([]))", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert all(name in result.stdout for name in COMMANDS) and "exits with status 2" in result.stdout
+
+
+def test_every_command_has_a_typical_input():
+    assert set(TYPICAL) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_no_traceback_with_the_extras_hidden(tmp_path, name):
+    for args in (["--help"], TYPICAL[name][1:]):
+        result = run(HIDE_EXTRAS, name, *args, cwd=tmp_path)
+        assert "Traceback" not in result.stderr, f"hyperqwen {name} {' '.join(args)}:\n{result.stderr}"
+        assert result.returncode in (0, 1, 2, 3, 4, 5), result.stderr
+        assert "unrecognized arguments" not in result.stderr  # the typical input is a real invocation
+        if result.returncode == 2 and "needs the Python package" in result.stderr:
+            assert f"pip install 'hyperqwen[{COMMANDS[name].extra or 'all'}]'" in result.stderr
