@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperqwen.config.knobs import KNOBS
+from hyperqwen.config.spelling import did_you_mean
 
 OPTIONS_FILE = Path(__file__).with_name("vllm_options.json")
 KNOB = "EXTRA_ARGS"
@@ -106,7 +107,7 @@ def owned_flags() -> dict[str, tuple[str, ...]]:
     return {flag: tuple(names) for flag, names in owners.items()}
 
 
-BUILDER = "HyperQwen's own command line (launch/command.py)"
+BUILDER = "HyperQwen's own command line"
 
 
 def owned_dests(table: OptionTable | None = None, builder_flags: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
@@ -273,8 +274,6 @@ def _knob_hint(knobs: Iterable[str]) -> str:
 
 def problems_in(words: Sequence[str], table: OptionTable | None = None, builder_flags: Iterable[str] = ()) -> list[str]:
     """One message per refused word (empty when EXTRA_ARGS is acceptable). Never shows a value."""
-    from hyperqwen.config.settings import did_you_mean
-
     table = table or option_table()
     owned = owned_dests(table, builder_flags)
     config_dest = table.options[CONFIG_FLAG].dest if CONFIG_FLAG in table.options else None
@@ -345,23 +344,11 @@ def check_extra_args(words: Sequence[str], raw: str | None = None, builder_flags
     return messages + problems_in(words, builder_flags=builder_flags)
 
 
-def builder_flags(settings: Any) -> tuple[str, ...]:
-    """The --flags the argv builder emits for `settings`, EXTRA_ARGS left out (imported late: launch/ builds
-    on config/, and the builder is pure). Empty when the builder refuses these settings for another reason
-    (that reason is reported on its own)."""
-    from hyperqwen.config.settings import SettingsError
-
-    try:
-        from hyperqwen.launch.command import build_command
-    except ImportError:  # the launcher is being restructured; maps_to alone still covers every knob's flag
-        return ()
-    try:
-        args = build_command(settings, api_key="x" * 32).vllm_args
-    except (SettingsError, KeyError, ValueError, TypeError):
-        return ()
-    extra = len(settings["EXTRA_ARGS"])
-    own = args[: len(args) - extra] if extra else args
-    return tuple(word for word in own if word.startswith("--"))
+def builder_overrides(words: Sequence[str], builder_flags: Iterable[str]) -> list[str]:
+    """Messages for the words that set one of `builder_flags` (the flags the argv builder emits on its own,
+    declared by launch/command.py), beyond what `problems_in` already says about the knobs' flags."""
+    known = set(problems_in(words))
+    return [message for message in problems_in(words, builder_flags=builder_flags) if message not in known]
 
 
 # --- the real parser (needs vLLM) ------------------------------------------------------------------------

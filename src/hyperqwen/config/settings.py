@@ -18,8 +18,11 @@ from typing import Any
 
 import yaml
 
+from hyperqwen.config.extra_args import check_extra_args
+from hyperqwen.config.keyrule import key_policy_violation, path_problem
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
 from hyperqwen.config.sizes import SizeError, parse_size
+from hyperqwen.config.spelling import did_you_mean
 
 DEFAULT = "default"
 ENV_FILE = ".env"
@@ -232,39 +235,6 @@ def parse_value(knob: Knob, raw: str) -> Any:
     if knob.max is not None and value > knob.max:
         raise _BadValue("is above the maximum")
     return value
-
-
-# --- did you mean ----------------------------------------------------------------------------------
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Optimal string alignment distance (Levenshtein plus adjacent transpositions)."""
-    rows = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
-    for i in range(len(a) + 1):
-        rows[i][0] = i
-    for j in range(len(b) + 1):
-        rows[0][j] = j
-    for i in range(1, len(a) + 1):
-        for j in range(1, len(b) + 1):
-            cost = 0 if a[i - 1] == b[j - 1] else 1
-            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
-    return rows[len(a)][len(b)]
-
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
-    """The closest candidate within a small edit distance (1 for short words, 2 for longer), else None."""
-    best: tuple[int, str] | None = None
-    upper = word.upper()
-    for candidate in candidates:
-        limit = 1 if len(candidate) <= 5 else 2
-        if abs(len(candidate) - len(word)) > limit:  # the distance is at least the length difference
-            continue
-        distance = edit_distance(upper, candidate.upper())
-        if distance <= limit and (best is None or distance < best[0]):
-            best = (distance, candidate)
-    return best[1] if best else None
 
 
 # Environment names that are near a knob name by accident; never "did you mean" them.
@@ -538,10 +508,8 @@ def check_combination(settings: Settings) -> list[Problem]:
     if settings.explicit("TOOL_PARSER") and not settings["TOOLS"]:
         problems.append(Problem("warning", "TOOL_PARSER has no effect because TOOLS=false", "TOOL_PARSER"))
 
-    # One key rule everywhere (apikey.py); the key file is checked when it is read. Paths too long for Linux
+    # One key rule everywhere (keyrule.py); the key file is checked when it is read. Paths too long for Linux
     # are refused here, before anything opens them (ENAMETOOLONG).
-    from hyperqwen.config.apikey import key_policy_violation, path_problem
-
     if settings["VLLM_API_KEY"]:
         violation = key_policy_violation(settings["VLLM_API_KEY"])
         if violation:
@@ -578,12 +546,9 @@ def check_combination(settings: Settings) -> list[Problem]:
         )
 
     # EXTRA_ARGS read as vLLM's parser reads it (underscores, abbreviations, dotted JSON keys): see extra_args.py.
-    from hyperqwen.config.extra_args import builder_flags, check_extra_args
-
+    # The flags the argv builder sets on its own are checked where they are declared (launch/command.py).
     extra_raw = settings.setting("EXTRA_ARGS").raw
-    for message in check_extra_args(
-        settings["EXTRA_ARGS"], extra_raw, builder_flags(settings) if settings["EXTRA_ARGS"] else ()
-    ):
+    for message in check_extra_args(settings["EXTRA_ARGS"], extra_raw):
         problems.append(Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS"))
     return problems
 

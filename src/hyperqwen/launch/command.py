@@ -11,12 +11,18 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from hyperqwen.config.apikey import shown_in_clear
+from hyperqwen.config.extra_args import builder_overrides
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
 from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
 MASK = "****"
+# The vLLM flags build_command emits on its own, that no knob's maps_to names (knobs.py): EXTRA_ARGS may not
+# override them either. A unit test builds the command over the knobs' choices and proves every flag it emits
+# is a knob's or listed here.
+BUILDER_FLAGS = ("--enable-prompt-tokens-details", "--tool-strict-level")
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,6 @@ class VllmCommand:
     def masked_env(self) -> dict[str, str]:
         """Values safe to print: secrets, names with KEY/TOKEN/SECRET/PASSWORD, near misses of a secret knob
         and variables outside the known settings families (a `.env` may pass anything through) are masked."""
-        from hyperqwen.config.apikey import shown_in_clear
-
         return {
             name: (MASK if name in SECRET_ENV or not shown_in_clear(name) else value)
             for name, value in self.env.items()
@@ -126,7 +130,8 @@ def build_command(
     api_key: the key clients must send, or None for no key. It goes to vLLM through VLLM_API_KEY,
     never the command line. listen_host: where the server listens when it differs from BIND (inside a
     container it listens on 0.0.0.0 while compose publishes the port on BIND only).
-    Raises SettingsError when the combination is unsafe (exposed without a key).
+    Raises SettingsError when the combination is unsafe (exposed without a key) or EXTRA_ARGS overrides one of
+    BUILDER_FLAGS.
     """
     bind = settings["BIND"]
     if not is_loopback(bind) and not api_key:
@@ -142,6 +147,10 @@ def build_command(
                 )
             ]
         )
+
+    overrides = builder_overrides(settings["EXTRA_ARGS"], BUILDER_FLAGS)
+    if overrides:
+        raise SettingsError([Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS") for message in overrides])
 
     kv_dtype = settings.kv_cache_dtype
     model_len = settings.configured_max_model_len if max_model_len is None else max_model_len

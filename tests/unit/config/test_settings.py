@@ -14,12 +14,11 @@ from hyperqwen.config.settings import (
     ENV_FILE,
     ENVIRONMENT,
     SettingsError,
-    did_you_mean,
-    edit_distance,
     load_profile,
     profile_defaults,
     resolve_settings,
 )
+from hyperqwen.config.spelling import did_you_mean, edit_distance
 
 
 def errors_of(exc: SettingsError) -> list[str]:
