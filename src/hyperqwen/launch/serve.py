@@ -61,7 +61,7 @@ def read_host(settings: Settings) -> HostFacts | None:
 def check_model_fit(settings: Settings) -> list[Problem]:
     """Checks of the model files the settings name, before vLLM would fail on them with a stack trace:
     TP must divide the model's heads; a DFlash2 drafter must match the target (hidden size, vocabulary)."""
-    from hyperqwen.replicas.cli import check_tp
+    from hyperqwen.memory.parallel import check_tp
 
     problems = check_tp(settings)
     if settings["SPEC"] == "dflash2" and settings.draft_path is not None and settings.model_path.is_dir():
@@ -132,7 +132,7 @@ def write_server_environment(launch: Launch, environ: Mapping[str, str]) -> dict
     Returns the variable that tells the route where the file is. Best effort: a failure never blocks a start."""
     from pathlib import Path
 
-    from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
+    from hyperqwen.launch.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
 
     settings = launch.settings
     path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path(settings["PORT"]))

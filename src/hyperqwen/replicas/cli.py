@@ -10,19 +10,9 @@ from pathlib import Path
 
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.memory.parallel import check_tp
 from hyperqwen.replicas.compose import OVERRIDE_FILE, render_override
 from hyperqwen.replicas.gpus import Gpu, check_gpus, parse_gpu_list, read_available_gpus, replica_groups
-
-
-def check_tp(settings: Settings) -> list[Problem]:
-    """TP must divide the model's heads (read from MODEL's config.json, else the planner's bundled config)."""
-    from hyperqwen.memory.parallel import load_heads, tp_problems
-
-    tp = int(settings["TP"])
-    if tp == 1:
-        return []
-    heads, where = load_heads(settings.model_path)
-    return [Problem("error", message, "TP") for message in tp_problems(heads, tp, where)]
 
 
 def plan_replicas(settings: Settings, available: list[Gpu] | None) -> tuple[list[tuple[str, ...]], list[Problem]]:
