@@ -252,7 +252,7 @@ class _Progress:
 
 
 def _step_args(args: argparse.Namespace, step: Step) -> argparse.Namespace:
-    from hyperqwen.bench.cli import WORKLOAD_OPTIONS
+    from hyperqwen.bench.runner import WORKLOAD_OPTIONS
 
     values: dict[str, Any] = {name: None for name in WORKLOAD_OPTIONS}
     values.update({k: v for k, v in step.options.items() if v is not None})
@@ -286,9 +286,8 @@ def _step_args(args: argparse.Namespace, step: Step) -> argparse.Namespace:
 
 async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
     from hyperqwen.bench import report
-    from hyperqwen.bench.cli import api_key, fetch_server_environment, run_workload, write_json_atomic
     from hyperqwen.bench.client import BenchClient
-    from hyperqwen.bench.environment import build_environment
+    from hyperqwen.bench.runner import api_key, report_environment, run_workload, write_json_atomic
 
     out: Path = args.out or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     steps_dir = out / "steps"
@@ -299,17 +298,7 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
     client.chat_extra = {} if args.thinking else {"chat_template_kwargs": {"enable_thinking": False}}
     try:
         model = await client.resolve_model()
-        server, note = await fetch_server_environment(client)
-        environment = build_environment(
-            version=await client.version(),
-            metrics_text=await client.metrics_text(),
-            server_log=args.server_log,
-            env_file=args.env_file,
-            hardware=args.hardware,
-            label=args.label,
-            server=server,
-            server_note=note,
-        )
+        environment, note = await report_environment(client, args)
         if note:
             print(
                 f"hyperqwen bench suite: warning: server environment unavailable ({note}); the report records "
@@ -375,7 +364,7 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
 def suite_command(args: argparse.Namespace) -> int:
     import asyncio
 
-    from hyperqwen.bench.cli import missing_extra
+    from hyperqwen.bench.runner import missing_extra
 
     missing = missing_extra()
     if missing:
@@ -426,7 +415,7 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def register(inner: argparse._SubParsersAction) -> None:
-    from hyperqwen.bench.cli import add_server_arguments
+    from hyperqwen.bench.runner import add_server_arguments
 
     doc = (
         "the whole field report against a running server: C1 chat decode (greedy and default sampling), the "
