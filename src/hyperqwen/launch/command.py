@@ -133,6 +133,48 @@ def build_command(
     Raises SettingsError when the combination is unsafe (exposed without a key) or EXTRA_ARGS overrides one of
     BUILDER_FLAGS.
     """
+    refuse_exposed_without_key(settings, api_key)
+    overrides = builder_overrides(settings["EXTRA_ARGS"], BUILDER_FLAGS)
+    if overrides:
+        raise SettingsError([Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS") for message in overrides])
+
+    kv_dtype = settings.kv_cache_dtype
+    model_len = settings.configured_max_model_len if max_model_len is None else max_model_len
+    args: list[str] = [
+        "--model",
+        str(settings.model_path),
+        "--served-model-name",
+        settings["SERVED_MODEL_NAME"],
+        "--host",
+        listen_host or settings["BIND"],
+        "--port",
+        str(settings["PORT"]),
+        "--dtype",
+        settings["DTYPE"],
+        "--max-model-len",
+        str(model_len),
+        "--kv-cache-dtype",
+        kv_dtype,
+        "--mamba-ssm-cache-dtype",
+        settings["STATE_DTYPE"],
+        # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
+        "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
+    ]
+    args += feature_args(settings)
+    args += list(settings["EXTRA_ARGS"])
+    env, unset = server_env(settings, api_key)
+    return VllmCommand(
+        argv=(python, "-m", VLLM_SERVER_MODULE, *args),
+        env=env,
+        unset_env=unset,
+        problems=settings.problems,
+        kv_cache_dtype=kv_dtype,
+        max_model_len=model_len,
+    )
+
+
+def refuse_exposed_without_key(settings: Settings, api_key: str | None) -> None:
+    """The server may listen beyond this machine only with an API key."""
     bind = settings["BIND"]
     if not is_loopback(bind) and not api_key:
         raise SettingsError(
@@ -148,32 +190,11 @@ def build_command(
             ]
         )
 
-    overrides = builder_overrides(settings["EXTRA_ARGS"], BUILDER_FLAGS)
-    if overrides:
-        raise SettingsError([Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS") for message in overrides])
 
-    kv_dtype = settings.kv_cache_dtype
-    model_len = settings.configured_max_model_len if max_model_len is None else max_model_len
-    args: list[str] = [
-        "--model",
-        str(settings.model_path),
-        "--served-model-name",
-        settings["SERVED_MODEL_NAME"],
-        "--host",
-        listen_host or bind,
-        "--port",
-        str(settings["PORT"]),
-        "--dtype",
-        settings["DTYPE"],
-        "--max-model-len",
-        str(model_len),
-        "--kv-cache-dtype",
-        kv_dtype,
-        "--mamba-ssm-cache-dtype",
-        settings["STATE_DTYPE"],
-        # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
-        "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
-    ]
+def feature_args(settings: Settings) -> list[str]:
+    """The flags of the knobs that switch features on or off (prefix caching details, TP, offloading,
+    speculative decoding, tools, thinking, ...)."""
+    args: list[str] = []
     if settings["PREFIX_CACHE"]:
         # usage.prompt_tokens_details.cached_tokens; /v1/messages reports it as cache_read_input_tokens.
         args.append("--enable-prompt-tokens-details")
@@ -224,8 +245,11 @@ def build_command(
     args += ["--sse-keep-alive-interval", str(settings["STREAM_KEEPALIVE"])]
     if settings["TEMPERATURE"] is not None:
         args += ["--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})]
-    args += list(settings["EXTRA_ARGS"])
+    return args
 
+
+def server_env(settings: Settings, api_key: str | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Variables set for the server (the key, our patches' switches, passed-through ones) and those removed."""
     env = dict(settings.passthrough_env)
     unset: tuple[str, ...] = ()
     if api_key:
@@ -243,11 +267,4 @@ def build_command(
     if settings["HF_TOKEN"]:
         env["HF_TOKEN"] = settings["HF_TOKEN"]
 
-    return VllmCommand(
-        argv=(python, "-m", VLLM_SERVER_MODULE, *args),
-        env=env,
-        unset_env=unset,
-        problems=settings.problems,
-        kv_cache_dtype=kv_dtype,
-        max_model_len=model_len,
-    )
+    return env, unset
