@@ -103,6 +103,14 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
             f"C{'/'.join(map(str, ladder))}, 128 in / {ladder_tokens} out, ignore_eos (as the reference)",
         )
     )
+    steps += _context_steps(q, max_len)
+    steps += _task_steps(q, max_len, gsm8k_dataset)
+    return SuitePlan(steps, max_len)
+
+
+def _context_steps(q: bool, max_len: int | None) -> list[Step]:
+    """Prefill by input length, the prefix cache, and reproduction of a long document."""
+    steps: list[Step] = []
     lengths = [256, 1024] if q else [1024, 16384, 65536]
     if not q and (max_len is None or max_len >= 100_000 + 64):
         lengths.append(100_000)
@@ -150,6 +158,12 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
     steps.append(
         Step("longdoc", "longdoc", {"context_tokens": longdoc_ctx}, 0.0, None, 10, f"{longdoc_ctx:,}-token document")
     )
+    return steps
+
+
+def _task_steps(q: bool, max_len: int | None, gsm8k_dataset: str | None) -> list[Step]:
+    """Needles (the long ones when the served context holds them), GSM8K and perplexity."""
+    steps: list[Step] = []
     needle_ctx = _fit(1024 if q else 32_768, max_len, 128)
     depths = "0,0.5,1" if q else "0,0.25,0.5,0.75,1"
     steps.append(
@@ -193,7 +207,7 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
     steps.append(
         Step("perplexity", "perplexity", {"limit": 2 if q else 6}, 0.0, None, 2 if q else 6, "built-in corpus windows")
     )
-    return SuitePlan(steps, max_len)
+    return steps
 
 
 def fetch_gsm8k(out_dir: Path) -> Path:
