@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hyperqwen import __version__
+from hyperqwen.exit_codes import Exit
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def _import_command(name: str):
             f"install it with: pip install 'hyperqwen[{extra}]'",
             file=sys.stderr,
         )
-        raise MissingExtraError(2) from None
+        raise MissingExtraError(Exit.BAD_INPUT) from None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser(only).parse_args(argv)
     except MissingExtraError as exc:
-        return int(exc.code or 2)
+        return int(exc.code or Exit.BAD_INPUT)
     return int(args.func(args) or 0)
 
 

@@ -21,6 +21,7 @@ from hyperqwen.bench.runner import (
     run_workload,
     write_json_atomic,
 )
+from hyperqwen.exit_codes import Exit
 
 # Workload name -> one-line description (workloads.WORKLOADS holds the functions; a test keeps them equal).
 WORKLOAD_DOCS: dict[str, str] = {
@@ -92,12 +93,12 @@ def run_command(args: argparse.Namespace) -> int:
     missing = missing_extra()
     if missing:
         print(f"hyperqwen bench: needs the bench extra ({missing} is not installed): {EXTRA_HINT}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     try:
         doc = asyncio.run(run_workload(args))
     except (BenchError, FileNotFoundError) as exc:
         print(f"hyperqwen bench: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     for text in doc["warnings"].values():
         print(f"hyperqwen bench: warning: {text}", file=sys.stderr)
     if args.out:
@@ -112,8 +113,8 @@ def run_command(args: argparse.Namespace) -> int:
     failed = failed_gates(doc)
     if failed:
         print(f"hyperqwen bench: gates failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+        return Exit.FAILED
+    return Exit.OK
 
 
 def render_command(args: argparse.Namespace) -> int:
@@ -123,8 +124,8 @@ def render_command(args: argparse.Namespace) -> int:
         sys.stdout.write(render(args.files))
     except BenchError as exc:
         print(f"hyperqwen bench render: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return Exit.BAD_INPUT
+    return Exit.OK
 
 
 def main(argv: list[str] | None = None) -> int:

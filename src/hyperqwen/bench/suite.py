@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperqwen.bench.errors import EXTRA_HINT, BenchError
+from hyperqwen.exit_codes import Exit
 
 # The order is cheapest-informative first: a broken server shows in the first minute, not after the ladder.
 STEP_NAMES = (
@@ -385,19 +386,19 @@ def suite_command(args: argparse.Namespace) -> int:
         print(
             f"hyperqwen bench suite: needs the bench extra ({missing} is not installed): {EXTRA_HINT}", file=sys.stderr
         )
-        return 2
+        return Exit.BAD_INPUT
     try:
         out, summary = asyncio.run(run_suite(args))
     except (BenchError, FileNotFoundError) as exc:
         print(f"hyperqwen bench suite: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     for text in summary.get("warnings", {}).values():
         print(f"hyperqwen bench suite: warning: {text}", file=sys.stderr)
     print(f"hyperqwen bench suite: report: {out / 'report.md'} and {out / 'report.json'}", file=sys.stderr)
     if summary["failed_gates"]:
         print(f"hyperqwen bench suite: FAILED gates: {', '.join(summary['failed_gates'])}", file=sys.stderr)
-        return 1
-    return 0
+        return Exit.FAILED
+    return Exit.OK
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -415,7 +416,7 @@ def report_command(args: argparse.Namespace) -> int:
             f"{args.dir}` first",
             file=sys.stderr,
         )
-        return 2
+        return Exit.BAD_INPUT
     environment = next(iter(docs.values()))["environment"]
     summary = report.write_report(
         args.dir,
@@ -425,7 +426,7 @@ def report_command(args: argparse.Namespace) -> int:
         planned=list(docs),
     )
     print(f"hyperqwen bench report: {args.dir / 'report.md'}", file=sys.stderr)
-    return 1 if summary["failed_gates"] else 0
+    return Exit.FAILED if summary["failed_gates"] else Exit.OK
 
 
 def register(inner: argparse._SubParsersAction) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.spelling import did_you_mean
+from hyperqwen.exit_codes import Exit
 
 OPTIONS_FILE = Path(__file__).with_name("vllm_options.json")
 KNOB = "EXTRA_ARGS"
@@ -448,10 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(table_from_parser(vllm_parser(), vllm.__version__), indent=1) + "\n"
     if args.write:
         OPTIONS_FILE.write_text(text, encoding="utf-8")
-        return 0
+        return Exit.OK
     same = OPTIONS_FILE.is_file() and OPTIONS_FILE.read_text(encoding="utf-8") == text
     print(f"{OPTIONS_FILE.name}: {'up to date' if same else 'differs from the installed vLLM'}")
-    return 0 if same else 1
+    return Exit.OK if same else Exit.FAILED
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
+from hyperqwen.exit_codes import Exit
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
 from hyperqwen.launch.command import VllmCommand, build_command
 
@@ -206,14 +207,14 @@ def run(
                 "hyperqwen serve: --gpu plans for a card that is not here; use it with --print or --explain",
                 file=sys.stderr,
             )
-            return 2
+            return Exit.BAD_INPUT
         from hyperqwen.memory import GpuError, parse_gpu
 
         try:
             planned = parse_gpu(card)
         except GpuError as exc:
             print(f"hyperqwen serve: {exc}", file=sys.stderr)
-            return 2
+            return Exit.BAD_INPUT
         gpu_reader = lambda: planned  # noqa: E731
     try:
         settings = settings_from_args(args, environ)
@@ -222,7 +223,7 @@ def run(
             model_problems = check_model_dir(settings)
             if model_problems:
                 report(model_problems)
-                return 2
+                return Exit.BAD_INPUT
         gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
         launch = prepare_launch(settings, environ, gpu, read_host(settings) if gpu is not None else None)
     except SettingsError as exc:
@@ -231,21 +232,21 @@ def run(
             "hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
             file=sys.stderr,
         )
-        return 2
+        return Exit.BAD_INPUT
     if args.explain:
         print(explain(launch))
-        return 0
+        return Exit.OK
     if args.print:
         print(launch.command.shell_command())
         report(settings.warnings)
         for note in launch.budget.notes:
             print(f"hyperqwen: {note}", file=sys.stderr)
-        return 0
+        return Exit.OK
     problems = check_extra_args_with_vllm(settings)
     if problems:
         report(problems)
         print("hyperqwen: nothing was started.", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
     for note in launch.budget.notes:
         print(f"hyperqwen: {note}", file=sys.stderr)
@@ -256,7 +257,7 @@ def run(
     sys.stdout.flush()
     sys.stderr.flush()
     execve(launch.command.argv[0], list(launch.command.argv), env)
-    return 0  # pragma: no cover - execve does not return
+    return Exit.OK  # pragma: no cover - execve does not return
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from hyperqwen.config.knobs import KNOBS_BY_NAME, MTP_SPEC_METHODS
 from hyperqwen.config.sizes import GiB, MiB
+from hyperqwen.exit_codes import Exit
 from hyperqwen.memory.checkpoint import (
     DTYPE_BYTES,
     Checkpoint,
@@ -79,8 +80,13 @@ class Outcome(StrEnum):
 
     @property
     def exit_code(self) -> int:
-        # 1 is left out on purpose: it is what Python exits with on an uncaught error.
-        return {Outcome.FITS: 0, Outcome.SHORTER: 3, Outcome.REFUSES_BOOT: 4, Outcome.CARD_FULL: 5}[self]
+        # Never 1 (exit_codes.py): it is what Python exits with on an uncaught error.
+        return {
+            Outcome.FITS: Exit.OK,
+            Outcome.SHORTER: Exit.PLAN_SHORTER,
+            Outcome.REFUSES_BOOT: Exit.PLAN_REFUSES_BOOT,
+            Outcome.CARD_FULL: Exit.PLAN_CARD_FULL,
+        }[self]
 
 
 # --- inputs ----------------------------------------------------------------------------------------
