@@ -602,16 +602,7 @@ def plan_inputs(
         note = f" once KV_MEM={safe_pool}" if pinned else f" once GPU_UTIL={fit_util}"
     if short and largest == 0:
         found.refuse = True
-
-    if found.refuse:
-        outcome = Outcome.REFUSES_BOOT
-    elif short:
-        outcome = Outcome.SHORTER
-    elif full:
-        outcome = Outcome.CARD_FULL
-    else:
-        outcome = Outcome.FITS
-
+    outcome = _verdict(found.refuse, short, full)
     resolved = {
         **{kk: v for kk, v in info.items() if kk != "gdn_page"},
         "kv_cache_dtype": i.kv_cache_dtype,
@@ -652,6 +643,15 @@ def plan_inputs(
         largest_note=note,
         suggested_kv_mem=safe_pool,
     )
+
+
+def _verdict(refuse: bool, short: bool, full: bool) -> Outcome:
+    """The most severe outcome found."""
+    if refuse:
+        return Outcome.REFUSES_BOOT
+    if short:
+        return Outcome.SHORTER
+    return Outcome.CARD_FULL if full else Outcome.FITS
 
 
 def _drafter(i: MemoryInputs, mdb: int) -> tuple[DrafterAttention | None, int]:
