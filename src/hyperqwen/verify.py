@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hyperqwen import patches as hq_patches
+from hyperqwen.config.keyrule import MASK
 from hyperqwen.exit_codes import Exit
 from hyperqwen.formats.http import request as http_request
 
@@ -75,7 +76,7 @@ class Report:
     def mask(self, text: str) -> str:
         for secret in self.secrets:
             if secret:
-                text = text.replace(secret, "****")
+                text = text.replace(secret, MASK)
         return text
 
     def add(self, status: str, check: str, detail: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperqwen.config.keyrule import MAKE_KEY, key_policy_violation, path_problem
-from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.config.settings import ENV_FAMILIES, Problem, Settings, SettingsError
 
 
 def _shown(path: Path) -> str:
@@ -120,31 +120,8 @@ def describe_api_key(settings: Settings) -> str:
 # A variable whose name contains one of these is a secret, whatever program it belongs to
 # (HUGGING_FACE_HUB_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, ...).
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-# Families of variables known to hold settings, not secrets (names with a secret word excepted): what a
-# `.env` beside our knobs usually carries for vLLM, CUDA, PyTorch and their libraries. Anything else a
-# `.env` passes through is shown masked: it may be a token under a name we do not know.
-NON_SECRET_PREFIXES = (
-    "VLLM_",
-    "CUDA_",
-    "NVIDIA_",
-    "PYTORCH_",
-    "TORCH",
-    "NCCL_",
-    "OMP_",
-    "MKL_",
-    "HF_HUB_",
-    "HF_HOME",
-    "HF_DATASETS_",
-    "TRANSFORMERS_",
-    "TOKENIZERS_",
-    "HYPERQWEN_",
-    "PYTHON",
-    "TRITON_",
-    "CUBLAS_",
-    "TZ",
-    "LANG",
-    "LC_",
-)
+# The families whose values are shown in clear: one table with the passthrough families (settings.py).
+NON_SECRET_PREFIXES = tuple(prefix for prefix, clear in ENV_FAMILIES.items() if clear)
 
 
 def is_secret_name(name: str) -> bool:

@@ -1,4 +1,4 @@
-"""The one rule every API key must pass, and the path-length limits: pure checks, importing nothing of ours,
+"""The one rule every API key must pass, the mask shown in its place, and the path-length limits: pure checks, importing nothing of ours,
 so settings validation (settings.py) and key loading (apikey.py) share them. apikey.py's docstring says why
 the rule is what it is."""
 
@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# What every message, `--print`, `--explain` and report shows in place of a secret: whether it is set, never any
+# part of it.
+MASK = "****"
 MIN_KEY_LENGTH = 16
 MAKE_KEY = "openssl rand -hex 16 > models/api_key.txt"
 # Longest path and file name Linux accepts (PATH_MAX, NAME_MAX); longer ones fail with ENAMETOOLONG.
@@ -43,3 +46,8 @@ def path_problem(path: Path) -> str | None:
     if longest > NAME_MAX:
         return f"a part of the path is {longest} bytes long; Linux allows at most {NAME_MAX} bytes per name"
     return None
+
+
+def masked(value: object, unset: str = "(unset)") -> str:
+    """A secret as it may be shown: MASK when set, `unset` when not."""
+    return MASK if value else unset

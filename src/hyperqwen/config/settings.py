@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from hyperqwen.config.extra_args import check_extra_args
-from hyperqwen.config.keyrule import key_policy_violation, path_problem
+from hyperqwen.config.keyrule import MASK, key_policy_violation, masked, path_problem
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
 from hyperqwen.config.sizes import SizeError, parse_size
 from hyperqwen.config.spelling import did_you_mean
@@ -80,7 +80,7 @@ class Setting:
     def display(self) -> str:
         """The value as safe to show: secrets masked, never partially."""
         if self.knob.secret:
-            return "****" if self.value else "(unset)"
+            return masked(self.value)
         return format_value(self.knob, self.value)
 
 
@@ -267,23 +267,38 @@ _COMMON_ENV = frozenset(
         "_",
     }
 )
-# Names that legitimately sit beside our knobs in a .env or container environment.
-_PASSTHROUGH_PREFIXES = (
-    "VLLM_",
-    "HF_",
-    "HUGGINGFACE_",
-    "CUDA_",
-    "NVIDIA_",
-    "PYTORCH_",
-    "TORCH",
-    "NCCL_",
-    "OMP_",
-    "COMPOSE_",
-    "DOCKER_",
-    "HYPERQWEN_",
-    "TRANSFORMERS_",
-    "TOKENIZERS_",
-)
+# Families of other programs' variables that legitimately sit beside our knobs in a .env or container
+# environment (no "did you mean" for them), and whether their values may be printed in clear by `--print` and
+# `--explain` (config/apikey.py shown_in_clear; a name with a secret word in it is masked in any family). The
+# clear ones are known to hold settings, not secrets; anything else passed through is shown masked: it may be a
+# token under a name we do not know.
+ENV_FAMILIES: dict[str, bool] = {
+    "VLLM_": True,
+    "CUDA_": True,
+    "NVIDIA_": True,
+    "PYTORCH_": True,
+    "TORCH": True,
+    "NCCL_": True,
+    "OMP_": True,
+    "MKL_": True,
+    "HF_HUB_": True,
+    "HF_HOME": True,
+    "HF_DATASETS_": True,
+    "HF_": False,
+    "HUGGINGFACE_": False,
+    "TRANSFORMERS_": True,
+    "TOKENIZERS_": True,
+    "HYPERQWEN_": True,
+    "PYTHON": True,
+    "TRITON_": True,
+    "CUBLAS_": True,
+    "TZ": True,
+    "LANG": True,
+    "LC_": True,
+    "COMPOSE_": False,
+    "DOCKER_": False,
+}
+_PASSTHROUGH_PREFIXES = tuple(ENV_FAMILIES)
 
 
 # Knobs that name a file or directory (relative ones under MODELS_DIR).
@@ -443,7 +458,7 @@ def _resolve_one(
         try:
             setting = Setting(knob, parse_value(knob, raw), source, raw)
         except _BadValue as exc:
-            shown = "****" if knob.secret else repr(raw if len(raw) <= 80 else raw[:77] + "...")
+            shown = MASK if knob.secret else repr(raw if len(raw) <= 80 else raw[:77] + "...")
             where = {ENV_FILE: "in .env", ENVIRONMENT: "in the environment", COMMAND_LINE: "on the command line"}[
                 source
             ]
@@ -559,6 +574,17 @@ def _valid_host(host: str) -> bool:
         return True
     except ValueError:
         return bool(_HOSTNAME_RE.match(host))
+
+
+# Inside the image every server (vLLM, the monitor, the router gate) listens on all interfaces of the
+# container's own network namespace, while BIND stays the host-side publish address compose uses and the
+# exposure check looks at. Set by the Dockerfile and compose, never by users.
+LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
+
+
+def listen_host(environ: Mapping[str, str], bind: str) -> str:
+    """Where a server of ours listens: the image's listen address when set, else BIND."""
+    return environ.get(LISTEN_HOST_ENV) or bind
 
 
 def is_loopback(host: str) -> bool:

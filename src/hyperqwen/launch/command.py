@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 from hyperqwen.config.apikey import shown_in_clear
 from hyperqwen.config.extra_args import builder_overrides
+from hyperqwen.config.keyrule import MASK
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
 from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
-MASK = "****"
 # The vLLM flags build_command emits on its own, that no knob's maps_to names (knobs.py): EXTRA_ARGS may not
 # override them either. A unit test builds the command over the knobs' choices and proves every flag it emits
 # is a knob's or listed here.

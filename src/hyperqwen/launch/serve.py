@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
+from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError, listen_host
 from hyperqwen.exit_codes import Exit
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
 from hyperqwen.launch.command import VllmCommand, build_command
@@ -25,10 +25,6 @@ from hyperqwen.launch.command import VllmCommand, build_command
 if TYPE_CHECKING:
     from hyperqwen.memory import GpuFacts
     from hyperqwen.memory.host import HostFacts
-
-# Inside the image the server listens on all interfaces of the container's own network namespace;
-# compose publishes the port on BIND only. Set by the Dockerfile, never by users.
-LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,10 @@ def prepare_launch(
     api_key = read_api_key(settings)
     budget = decide_budget(settings, gpu, host)
     command = build_command(
-        settings, max_model_len=budget.max_model_len, api_key=api_key, listen_host=environ.get(LISTEN_HOST_ENV) or None
+        settings,
+        max_model_len=budget.max_model_len,
+        api_key=api_key,
+        listen_host=listen_host(environ, settings["BIND"]),
     )
     return Launch(settings, budget, command)
 

@@ -10,11 +10,7 @@ from urllib.parse import urlsplit
 
 from hyperqwen.config.apikey import read_api_key
 from hyperqwen.config.load import settings_from_args
-from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback
-
-# Same meaning as in hyperqwen.launch.serve: inside the container the process listens on all interfaces of its own
-# network namespace, while BIND stays the host-side publish address that the exposure check looks at.
-LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
+from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, listen_host
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     settings = settings_from_args(args, environ)
     api_key = read_api_key(settings)
     bind = args.bind or settings["BIND"]
-    listen_host = args.bind or environ.get(LISTEN_HOST_ENV) or bind
+    listen = args.bind or listen_host(environ, bind)
     # A flag, when given, is checked against the same schema entry as its knob.
     flags = {
         "MONITOR_PORT": ("--port", args.port),
@@ -111,7 +107,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     return MonitorConfig(
         upstream=upstream,
         bind=bind,
-        listen_host=listen_host,
+        listen_host=listen,
         port=int(port),
         interval_s=float(interval),
         history_s=int(history),

@@ -30,10 +30,9 @@ from urllib.parse import urlsplit
 
 from hyperqwen.config.apikey import read_api_key
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import Problem, SettingsError, is_loopback
+from hyperqwen.config.settings import Problem, SettingsError, is_loopback, listen_host
 from hyperqwen.exit_codes import Exit
 
-LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 # Written by `hyperqwen replicas` into compose.replicas.yaml: the replicas on the compose network.
 REPLICA_URLS_ENV = "HYPERQWEN_REPLICA_URLS"
 # The router's own ports, on loopback only (inside the router's container).
@@ -231,8 +230,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     if args.print:
         print(" ".join(argv))
         return Exit.OK
-    listen_host = environ.get(LISTEN_HOST_ENV) or settings["BIND"]
-    config = GateConfig(listen_host, int(settings["PORT"]), f"http://127.0.0.1:{internal}", api_key)
+    config = GateConfig(
+        listen_host(environ, settings["BIND"]), int(settings["PORT"]), f"http://127.0.0.1:{internal}", api_key
+    )
     return serve(argv, config)
 
 
