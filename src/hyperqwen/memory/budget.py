@@ -42,7 +42,6 @@ from hyperqwen.exit_codes import Exit
 from hyperqwen.memory.checkpoint import (
     DTYPE_BYTES,
     Checkpoint,
-    CheckpointError,
     DrafterAttention,
     WeightBytes,
     drafter_attention_from_config,
@@ -892,20 +891,3 @@ def _one_request_findings(
 def largest_max_len_that_fits(settings: Settings, gpu: GpuFacts, **kwargs: object) -> int:
     """The largest MAX_LEN these settings fit on this card (0: none), with the headroom floor kept."""
     return plan_memory(settings, gpu, **kwargs).largest_fitting_max_len  # type: ignore[arg-type]
-
-
-__all__ = [
-    "CheckpointError",
-    "GpuFacts",
-    "LayoutKnobs",
-    "MemoryBudget",
-    "MemoryInputs",
-    "MemoryPlanError",
-    "Outcome",
-    "Term",
-    "build_layout",
-    "default_cudagraph_capture_sizes",
-    "largest_max_len_that_fits",
-    "plan_inputs",
-    "plan_memory",
-]

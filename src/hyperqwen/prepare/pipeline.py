@@ -34,6 +34,7 @@ from hyperqwen.prepare.atomic import (
     exchange_dirs,
     fsync_dir,
     link_or_copy,
+    load_json_object,
     make_dirs,
     remove_tree,
     sha256_file,
@@ -164,14 +165,6 @@ def _digest(value: Any) -> str:
 def _identity(path: Path) -> list[int]:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns]
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _request(options: PrepareOptions) -> dict[str, Any]:
@@ -489,7 +482,7 @@ def _preflight(steps: StepList, paths: StatePaths, done: set[str], reusable: set
 
 
 def _noop_if_current(options: PrepareOptions, paths: StatePaths, cache: dict[str, list]) -> Result | None:
-    manifest = _load_json(paths.output / MANIFEST_NAME)
+    manifest = load_json_object(paths.output / MANIFEST_NAME)
     if not manifest or manifest.get("format") != FORMAT_VERSION or manifest.get("tool") != TOOL:
         return None
     if manifest.get("request") != _request(options):
@@ -539,7 +532,7 @@ def _prepare(options: PrepareOptions) -> Result:
     # Nothing to do needs no lock and no write, so it also works on a read-only models volume. The check only
     # reads, and answers "up to date" only when every published file matches the manifest; a publish by
     # another prepare swaps the whole directory in one rename, so the check sees the old or the new model.
-    verified_cache = _load_json(paths.verified) or {}
+    verified_cache = load_json_object(paths.verified) or {}
     before = json.dumps(verified_cache, sort_keys=True)
     if not any(p.exists() for p in (paths.staging, paths.old, paths.progress)):
         noop = _noop_if_current(options, paths, verified_cache)
@@ -553,7 +546,7 @@ def _prepare(options: PrepareOptions) -> Result:
             return noop
     with _locked(paths):
         _recover_publish(paths)
-        verified_cache = _load_json(paths.verified) or {}
+        verified_cache = load_json_object(paths.verified) or {}
         noop = _noop_if_current(options, paths, verified_cache)
         if noop is not None:
             _cleanup_leftovers(paths)
@@ -575,7 +568,7 @@ def _prepare(options: PrepareOptions) -> Result:
 
 def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified_cache: dict[str, list]) -> Result:
     fingerprint = steps.fingerprint
-    progress = _load_json(paths.progress)
+    progress = load_json_object(paths.progress)
     if not progress or progress.get("fingerprint") != fingerprint or not paths.staging.is_dir():
         remove_tree(paths.staging)
         make_dirs(paths.staging)
@@ -591,7 +584,7 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
         if entry and entry["recipe"] == out.recipe and target.is_file() and target.stat().st_size == out.size:
             done.add(out.path)
 
-    old_manifest = _load_json(paths.output / MANIFEST_NAME) or {}
+    old_manifest = load_json_object(paths.output / MANIFEST_NAME) or {}
     old_files: dict[str, Any] = old_manifest["files"] if isinstance(old_manifest.get("files"), dict) else {}
     reusable = {
         o.path

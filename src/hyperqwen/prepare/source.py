@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hyperqwen.prepare.atomic import crash_point, fsync_dir, make_dirs, sha256_file, write_json_atomic
+from hyperqwen.prepare.atomic import crash_point, fsync_dir, load_json_object, make_dirs, sha256_file, write_json_atomic
 from hyperqwen.prepare.checkpoint import FIX_DOWNLOAD, FIX_LOCAL, FIX_OUTPUT
 from hyperqwen.prepare.errors import DiskSpaceError, SourceError
 from hyperqwen.prepare.options import PrepareOptions, mask_secret
@@ -74,7 +73,7 @@ class Source:
 
     def hash_cache(self) -> dict[str, list]:
         """sha256 of source files verified at download, by path: [size, mtime_ns, sha256]."""
-        return _load_json(self.directory / HASH_CACHE) or {}
+        return load_json_object(self.directory / HASH_CACHE) or {}
 
 
 class HubUnreachableError(SourceError):
@@ -204,14 +203,6 @@ def _remote_files(options: PrepareOptions) -> tuple[str, list[RemoteFile]]:
         blob = None if sibling.lfs is not None else sibling.blob_id
         files.append(RemoteFile(sibling.rfilename, sibling.size, sha, blob))
     return info.sha or options.revision, files
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def git_blob_sha1(path: Path) -> str:
@@ -397,7 +388,7 @@ def _remove_partials(directory: Path) -> None:
 def _verify_earlier(directory: Path, marker: dict[str, Any], options: PrepareOptions, why: str) -> None:
     """Without the hub: the earlier download's files must still match what the hub said when it was made."""
     files = marker.get("files") or {}
-    cache = _load_json(directory / HASH_CACHE) or {}
+    cache = load_json_object(directory / HASH_CACHE) or {}
     problems = []
     for path, meta in sorted(files.items()):
         remote = RemoteFile(path, meta.get("size"), meta.get("sha256"), meta.get("blob_id"))
@@ -465,7 +456,7 @@ def _download(
 
 def hub_source(options: PrepareOptions) -> Source:
     directory = options.source_download_dir
-    marker = _load_json(directory / COMPLETE_MARKER)
+    marker = load_json_object(directory / COMPLETE_MARKER)
     origin: dict[str, Any] = {"kind": "hub", "repo": options.repo_id, "revision": options.revision}
 
     def complete_for(revision_or_commit: str) -> bool:
@@ -509,7 +500,7 @@ def hub_source(options: PrepareOptions) -> Source:
         )
 
     make_dirs(directory)
-    cache = _load_json(directory / HASH_CACHE) or {}
+    cache = load_json_object(directory / HASH_CACHE) or {}
     needed: list[RemoteFile] = []
     for remote in files:
         problem = check_local_file(directory, remote, cache)
@@ -521,7 +512,7 @@ def hub_source(options: PrepareOptions) -> Source:
         elif marker is not None and complete_for(commit):
             log.warning("%s: missing from the earlier download; fetching it again", remote.path)
         needed.append(remote)
-    if cache != (_load_json(directory / HASH_CACHE) or {}):
+    if cache != (load_json_object(directory / HASH_CACHE) or {}):
         write_json_atomic(directory / HASH_CACHE, cache)
 
     if needed:
