@@ -23,11 +23,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hyperqwen.cli import main as hyperqwen_main
+from hyperqwen.config.knobs import MODES
 from hyperqwen.config.settings import KNOBS_BY_NAME, parse_value
 from hyperqwen.exit_codes import Exit
 
 USAGE = "usage: hyperqwen-entrypoint single|batch|prepare|init|verify [ARGS...] | COMMAND [ARGS...]"
-MODES = ("single", "batch")
 
 # Set by compose.yaml: the host folder behind /models (for messages), the ids the services run as, and the
 # lock file (on the shared cache volume) that keeps two server profiles off one GPU.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperqwen.config.keyrule import MAKE_KEY, key_policy_violation, path_problem
-from hyperqwen.config.settings import ENV_FAMILIES, Problem, Settings, SettingsError
+from hyperqwen.config.settings import ENV_FAMILIES, Problem, Settings, SettingsError, is_loopback
 
 
 def _shown(path: Path) -> str:
@@ -113,6 +113,23 @@ def describe_api_key(settings: Settings) -> str:
     if key is None:
         return f"none (VLLM_API_KEY unset and no file at {_shown(key_file_path(settings))})"
     return f"set, from {key.source}"
+
+
+def exposure_problem(settings: Settings, api_key: str | None, what: str, bind: str | None = None) -> Problem | None:
+    """The one exposure rule of every server we start (vLLM, the monitor, the router gate): listening beyond
+    this machine (BIND, or the command's own bind flag, not loopback) needs an API key. `what` names the server
+    in the message."""
+    bind = bind or settings["BIND"]
+    if is_loopback(bind) or api_key:
+        return None
+    return Problem(
+        "error",
+        f"BIND={bind} exposes {what} beyond this machine, but no API key is set. Create one with\n"
+        f"    {MAKE_KEY}\n"
+        f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+        "or keep BIND=127.0.0.1.",
+        "BIND",
+    )
 
 
 # --- what may be shown in clear ---------------------------------------------------------------------------

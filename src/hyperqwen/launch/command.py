@@ -11,11 +11,11 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from hyperqwen.config.apikey import shown_in_clear
+from hyperqwen.config.apikey import exposure_problem, shown_in_clear
 from hyperqwen.config.extra_args import builder_overrides
 from hyperqwen.config.keyrule import MASK
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB
-from hyperqwen.config.settings import Problem, Settings, SettingsError, is_loopback
+from hyperqwen.config.settings import Problem, Settings, SettingsError
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
@@ -174,21 +174,10 @@ def build_command(
 
 
 def refuse_exposed_without_key(settings: Settings, api_key: str | None) -> None:
-    """The server may listen beyond this machine only with an API key."""
-    bind = settings["BIND"]
-    if not is_loopback(bind) and not api_key:
-        raise SettingsError(
-            [
-                Problem(
-                    "error",
-                    f"BIND={bind} exposes the API beyond this machine, but no API key is set. Create one with\n"
-                    f"    openssl rand -hex 16 > models/api_key.txt\n"
-                    f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
-                    f"or keep BIND=127.0.0.1.",
-                    "BIND",
-                )
-            ]
-        )
+    """The server may listen beyond this machine only with an API key (config/apikey.py's rule)."""
+    problem = exposure_problem(settings, api_key, "the API")
+    if problem is not None:
+        raise SettingsError([problem])
 
 
 def feature_args(settings: Settings) -> list[str]:

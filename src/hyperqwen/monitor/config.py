@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.apikey import exposure_problem, read_api_key
 from hyperqwen.config.load import settings_from_args
 from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, listen_host
 
@@ -87,19 +87,9 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     ] or [check_upstream("")]
     upstream = upstreams[0]
     exposed = not is_loopback(bind)
-    if exposed and not api_key:
-        raise SettingsError(
-            [
-                Problem(
-                    "error",
-                    f"BIND={bind} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
-                    "    openssl rand -hex 16 > models/api_key.txt\n"
-                    f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
-                    "or keep BIND=127.0.0.1.",
-                    "BIND",
-                )
-            ]
-        )
+    problem = exposure_problem(settings, api_key, "the monitor", bind)
+    if problem is not None:
+        raise SettingsError([problem])
     if args.require_key and not api_key:
         raise SettingsError(
             [Problem("error", "--require-key needs an API key: set VLLM_API_KEY or API_KEY_FILE", "VLLM_API_KEY")]

@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.apikey import exposure_problem, read_api_key
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import Problem, SettingsError, is_loopback, listen_host
+from hyperqwen.config.settings import Problem, SettingsError, listen_host
 from hyperqwen.exit_codes import Exit
 
 # Written by `hyperqwen replicas` into compose.replicas.yaml: the replicas on the compose network.
@@ -203,16 +203,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         raw = settings["ROUTER_WORKERS"] or environ.get(REPLICA_URLS_ENV, "")
         source = "ROUTER_WORKERS" if settings["ROUTER_WORKERS"] else REPLICA_URLS_ENV
         urls, problems = parse_worker_urls(raw, source)
-        if not is_loopback(settings["BIND"]) and not api_key:
-            problems.append(
-                Problem(
-                    "error",
-                    f"BIND={settings['BIND']} exposes the router beyond this machine, but "
-                    "no API key is set; create models/api_key.txt (openssl rand -hex 16) or keep "
-                    "BIND=127.0.0.1",
-                    "BIND",
-                )
-            )
+        exposed = exposure_problem(settings, api_key, "the router")
+        if exposed is not None:
+            problems.append(exposed)
         if problems:
             raise SettingsError(problems)
     except SettingsError as exc:
