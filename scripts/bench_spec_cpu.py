@@ -40,7 +40,6 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from hyperqwen.bench.environment import build_environment  # noqa: E402
-from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV  # noqa: E402
 from hyperqwen.bench.specmodes import (  # noqa: E402
     SpecPrompt,
     compare_outputs,
@@ -49,6 +48,7 @@ from hyperqwen.bench.specmodes import (  # noqa: E402
 )
 from hyperqwen.config.knobs import SPEC_METHODS  # noqa: E402
 from hyperqwen.formats import http  # noqa: E402
+from hyperqwen.launch.serverside import ENVIRONMENT_FILE_ENV  # noqa: E402
 
 SERVED = "qwen3.8-27b"
 # What the integration servers use (tests/integration/conftest.py BASE_KNOBS), SPEC-independent.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hyperqwen.config.knobs import KNOBS, MODES, SECTIONS, Knob
 from hyperqwen.config.settings import format_value, profile_defaults
+from hyperqwen.exit_codes import Exit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_EXAMPLE = ".env.example"
@@ -186,13 +187,13 @@ def run(args: argparse.Namespace) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(render(), encoding="utf-8")
             print(f"wrote {path}")
-        return 0
+        return Exit.OK
     stale = stale_files(root)
     if stale:
         print("stale: " + ", ".join(stale) + "; run `hyperqwen knobs --write`", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     print("knob files are up to date")
-    return 0
+    return Exit.OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

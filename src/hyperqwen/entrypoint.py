@@ -23,10 +23,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hyperqwen.cli import main as hyperqwen_main
+from hyperqwen.config.knobs import MODES
 from hyperqwen.config.settings import KNOBS_BY_NAME, parse_value
+from hyperqwen.exit_codes import Exit
 
 USAGE = "usage: hyperqwen-entrypoint single|batch|prepare|init|verify [ARGS...] | COMMAND [ARGS...]"
-MODES = ("single", "batch")
 
 # Set by compose.yaml: the host folder behind /models (for messages), the ids the services run as, and the
 # lock file (on the shared cache volume) that keeps two server profiles off one GPU.
@@ -49,7 +50,7 @@ def _skip_verify() -> bool:
         return bool(parse_value(KNOBS_BY_NAME["SKIP_VERIFY"], raw))
     except ValueError:
         _say(f"SKIP_VERIFY={raw!r} is not a boolean; use true or false")
-        raise SystemExit(2) from None
+        raise SystemExit(Exit.BAD_INPUT) from None
 
 
 # --- folders and permissions ---------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def _ids() -> tuple[int, int]:
             f"{UID_ENV}/{GID_ENV} must be numeric ids (see `id -u` / `id -g` on the host), "
             f"got {os.environ.get(UID_ENV)!r}:{os.environ.get(GID_ENV)!r}"
         )
-        raise SystemExit(2) from None
+        raise SystemExit(Exit.BAD_INPUT) from None
     return uid, gid
 
 
@@ -172,10 +173,10 @@ def run_init(paths: Sequence[str]) -> int:
     for line in problems:
         _say(line)
     if problems:
-        return 1
+        return Exit.FAILED
     ensure_api_key(models, uid, gid)
     _say(f"folders ready for uid {uid}:{gid}: " + ", ".join(host_path(p) for p in targets))
-    return 0
+    return Exit.OK
 
 
 def run_prepare(rest: Sequence[str]) -> int:
@@ -184,13 +185,13 @@ def run_prepare(rest: Sequence[str]) -> int:
     problems = ensure_writable_dirs([models], uid, gid)
     if problems:
         _say(problems[0])
-        return 1
+        return Exit.FAILED
     try:
         return hyperqwen_main(["prepare", *rest])
     except PermissionError as exc:
         path = Path(exc.filename) if exc.filename else models
         _say(permission_line(path, uid, gid))
-        return 1
+        return Exit.FAILED
 
 
 # --- the server -------------------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ def _refuse_and_wait(line: str) -> int:
     """Say why, then idle until stopped: exiting would let the restart policy retry into the same conflict."""
     _say(line)
     _say("not starting the server; this container idles until `docker compose down`")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.TERMINATED))
     while True:
         time.sleep(3600)
 
@@ -261,7 +262,7 @@ def run_server(profile: str, rest: Sequence[str]) -> int:
     problem = check_mode(profile)
     if problem:
         _say(problem)
-        return 2
+        return Exit.BAD_INPUT
     lock = os.environ.get(GPU_LOCK_ENV)
     if lock:
         refusal = take_gpu_lock(Path(lock), profile)
@@ -292,13 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return hyperqwen_main([command, *rest])
     if command in ("-h", "--help", "help"):
         print(USAGE)
-        return 0
+        return Exit.OK
     program = shutil.which(command)
     if program is None:
         _say(f"{command!r} is neither a mode (single, batch), prepare, init, verify, nor a command on PATH.\n" + USAGE)
-        return 127
+        return Exit.NOT_FOUND
     os.execv(program, [command, *rest])
-    return 0  # pragma: no cover
+    return Exit.OK  # pragma: no cover
 
 
 if __name__ == "__main__":

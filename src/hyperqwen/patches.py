@@ -25,6 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from hyperqwen.exit_codes import Exit
+
 SERIES_FILE = "series"
 PATCHES_DIR_ENV = "HYPERQWEN_PATCHES_DIR"
 # The same options for every run: -p1 strips the a/ b/ prefix; --fuzz=0 makes context match exactly;
@@ -267,12 +269,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         patches = _read_patches(args)
     except PatchError as exc:
         print(f"FAIL {exc}", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     if not patches:
         print("the series is empty: no patches")
     for i, p in enumerate(patches, start=1):
         print(f"{i:3d}  {p.name}  ({', '.join(p.files)})")
-    return 0
+    return Exit.OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -281,16 +283,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         results = check_series(patches, target)
     except PatchError as exc:
         print(f"FAIL {exc}", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     if not results:
         print(f"PASS the series is empty: nothing to check in {target}")
-        return 0
+        return Exit.OK
     for r in results:
         if r.applied:
             print(f"PASS {r.patch.name} is applied exactly in {target}")
         else:
             print(f"FAIL {r.patch.name} is not applied exactly in {target}; reverse-apply said:\n{r.detail}")
-    return 0 if all(r.applied for r in results) else 1
+    return Exit.OK if all(r.applied for r in results) else Exit.FAILED
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -298,10 +300,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
         patches, target = _resolve_dirs(args)
         if not patches:
             print(f"PASS the series is empty: nothing to apply to {target}")
-            return 0
+            return Exit.OK
         if all(r.applied for r in check_series(patches, target)):
             print(f"PASS all {len(patches)} patches are already applied in {target}; nothing to do")
-            return 0
+            return Exit.OK
         apply_series(patches, target)
     except PatchError as exc:
         print(f"FAIL {exc}", file=sys.stderr)
@@ -310,10 +312,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
             "(pip install --force-reinstall --no-deps vllm==0.32.0) and apply again",
             file=sys.stderr,
         )
-        return 1
+        return Exit.FAILED
     for p in patches:
         print(f"PASS applied {p.name}")
-    return 0
+    return Exit.OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hyperqwen import patches as hq_patches
+from hyperqwen.config.keyrule import MASK
+from hyperqwen.exit_codes import Exit
 from hyperqwen.formats.http import request as http_request
 
 VLLM_VERSION = "0.32.0"
@@ -75,7 +77,7 @@ class Report:
     def mask(self, text: str) -> str:
         for secret in self.secrets:
             if secret:
-                text = text.replace(secret, "****")
+                text = text.replace(secret, MASK)
         return text
 
     def add(self, status: str, check: str, detail: str) -> None:
@@ -103,7 +105,7 @@ class Report:
             file=self.out,
             flush=True,
         )
-        return 1 if self.failed else 0
+        return Exit.FAILED if self.failed else Exit.OK
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,15 +589,15 @@ def health(environ: Mapping[str, str], out: TextIO) -> int:
     raw = (environ.get("PORT") or "18020").strip()
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         print(f"FAIL health: PORT={raw!r} is not a port number (1-65535)", file=out)
-        return 1
+        return Exit.FAILED
     url = f"http://127.0.0.1:{int(raw)}/health"
     try:
         status = http("GET", url, timeout=5).status
     except (urllib.error.URLError, OSError) as exc:
         print(f"FAIL health: {url} does not answer ({getattr(exc, 'reason', exc)})", file=out)
-        return 1
+        return Exit.FAILED
     print(f"{'PASS' if status == 200 else 'FAIL'} health: {url} answers {status}", file=out)
-    return 0 if status == 200 else 1
+    return Exit.OK if status == 200 else Exit.FAILED
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:

@@ -6,7 +6,7 @@ as no remaining test needs it (or at session end). Knobs reach the launcher as e
 exactly as compose passes them. Every server writes its log to a file under one temp folder per session
 (printed at the end of the session and attached to any failing test's report).
 
-Servers (see issue 3; fewest distinct starts that cover every behaviour):
+Servers (SERVER_PRESETS below; fewest distinct starts that cover every behaviour):
 - smol_server: SmolLM2-135M-Instruct in float32, no speculation. Meaningful answers: SDK/API tests.
 - tiny_qwen_prefix_server: tiny Qwen3.5 model in bfloat16, prefix caching on, SPEC=none, fp16 GDN state.
   Prefix-cache and thinking tests, and the greedy reference for the MTP exactness test.
@@ -431,73 +431,54 @@ def server_factory(test_models, server_log_dir):
     return factory
 
 
-@pytest.fixture(scope="session")
-def smol_server(test_models, server_log_dir) -> Iterator[Server]:
-    with running_server("smollm2", test_models["smollm2"], SMOL_KNOBS, server_log_dir, "smol_server") as server:
-        yield server
+@dataclass(frozen=True)
+class ServerPreset:
+    """One session server: the log name, the test model it serves (a key of `test_models`) and the knobs
+    added to BASE_KNOBS. The fixture named by its key in SERVER_PRESETS starts it (as llama.cpp's server tests
+    keep their ServerPreset table)."""
+
+    name: str
+    model: str
+    knobs: dict[str, str]
+    doc: str = ""
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
-    with running_server(
-        "tiny-qwen-prefix", test_models["tiny-qwen"], TINY_QWEN_PREFIX_KNOBS, server_log_dir,
-        "tiny_qwen_prefix_server",
-    ) as server:
-        yield server
+# Fixture name -> preset: the one table of session servers (the module docstring says why each exists).
+SERVER_PRESETS: dict[str, ServerPreset] = {
+    "smol_server": ServerPreset("smollm2", "smollm2", SMOL_KNOBS),
+    "tiny_qwen_prefix_server": ServerPreset("tiny-qwen-prefix", "tiny-qwen", TINY_QWEN_PREFIX_KNOBS),
+    "tiny_qwen_chunked_server": ServerPreset("tiny-qwen-chunked", "tiny-qwen", TINY_QWEN_CHUNKED_KNOBS),
+    "tiny_qwen_mtp_server": ServerPreset("tiny-qwen-mtp", "tiny-qwen", TINY_QWEN_MTP_KNOBS),
+    "recall_mtp_prefix_server": ServerPreset(
+        "recall-mtp-prefix", "tiny-qwen-recall", RECALL_MTP_PREFIX_KNOBS,
+        "tiny-qwen-recall with SPEC=mtp and prefix caching on (needs patch 0030 on the CPU build).",
+    ),
+    "recall_mtp_lookup_server": ServerPreset(
+        "recall-mtp-lookup", "tiny-qwen-recall", RECALL_MTP_LOOKUP_KNOBS,
+        "tiny-qwen-recall with SPEC=mtp+lookup and prefix caching on (needs patches 0030 and 0031).",
+    ),
+    "smol_lookup_server": ServerPreset(
+        "smollm2-lookup", "smollm2", SMOL_LOOKUP_KNOBS,
+        "SmolLM2 with SPEC=ngram (vLLM's prompt lookup); smol_server is its no-speculation reference.",
+    ),
+    "agents_server": ServerPreset("agents", "tiny-qwen", AGENTS_KNOBS),
+}
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen_chunked_server(test_models, server_log_dir) -> Iterator[Server]:
-    with running_server(
-        "tiny-qwen-chunked", test_models["tiny-qwen"], TINY_QWEN_CHUNKED_KNOBS, server_log_dir,
-        "tiny_qwen_chunked_server",
-    ) as server:
-        yield server
+def _preset_fixture(fixture_name: str, preset: ServerPreset):
+    """The one session fixture body every preset shares."""
+
+    def preset_server(test_models, server_log_dir) -> Iterator[Server]:
+        with running_server(preset.name, test_models[preset.model], preset.knobs, server_log_dir,
+                            fixture_name) as server:
+            yield server
+
+    preset_server.__doc__ = preset.doc or f"{preset.model} with {preset.knobs} (on top of BASE_KNOBS)"
+    return pytest.fixture(scope="session", name=fixture_name)(preset_server)
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen_mtp_server(test_models, server_log_dir) -> Iterator[Server]:
-    with running_server(
-        "tiny-qwen-mtp", test_models["tiny-qwen"], TINY_QWEN_MTP_KNOBS, server_log_dir, "tiny_qwen_mtp_server"
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def recall_mtp_prefix_server(test_models, server_log_dir) -> Iterator[Server]:
-    """tiny-qwen-recall with SPEC=mtp and prefix caching on (needs patch 0030 on the CPU build)."""
-    with running_server(
-        "recall-mtp-prefix", test_models["tiny-qwen-recall"], RECALL_MTP_PREFIX_KNOBS, server_log_dir,
-        "recall_mtp_prefix_server",
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def recall_mtp_lookup_server(test_models, server_log_dir) -> Iterator[Server]:
-    """tiny-qwen-recall with SPEC=mtp+lookup and prefix caching on (needs patches 0030 and 0031)."""
-    with running_server(
-        "recall-mtp-lookup", test_models["tiny-qwen-recall"], RECALL_MTP_LOOKUP_KNOBS, server_log_dir,
-        "recall_mtp_lookup_server",
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def smol_lookup_server(test_models, server_log_dir) -> Iterator[Server]:
-    """SmolLM2 with SPEC=ngram (vLLM's prompt lookup); smol_server is its no-speculation reference."""
-    with running_server(
-        "smollm2-lookup", test_models["smollm2"], SMOL_LOOKUP_KNOBS, server_log_dir, "smol_lookup_server"
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def agents_server(test_models, server_log_dir) -> Iterator[Server]:
-    with running_server(
-        "agents", test_models["tiny-qwen"], AGENTS_KNOBS, server_log_dir, "agents_server"
-    ) as server:
-        yield server
+for _fixture_name, _preset in SERVER_PRESETS.items():
+    globals()[_fixture_name] = _preset_fixture(_fixture_name, _preset)
 
 
 @pytest.hookimpl(trylast=True)

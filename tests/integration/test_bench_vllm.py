@@ -127,7 +127,7 @@ def _route_app(tokens: list[str] | None):
 
 @pytest.mark.needs_patch("0050-bench-environment-route.patch")
 def test_environment_route_is_private_without_a_key(monkeypatch, tmp_path):
-    from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV, ROUTE, write_environment_file
+    from hyperqwen.launch.serverside import ENVIRONMENT_FILE_ENV, ROUTE, write_environment_file
 
     write_environment_file(tmp_path / "env.json")
     monkeypatch.setenv(ENVIRONMENT_FILE_ENV, str(tmp_path / "env.json"))
@@ -146,7 +146,7 @@ def test_environment_route_on_the_server(smol_server):
     import requests
     import vllm
 
-    from hyperqwen.bench.serverside import ROUTE
+    from hyperqwen.launch.serverside import ROUTE
 
     url = smol_server.base_url + ROUTE
     assert requests.get(url, timeout=30).status_code == 401

@@ -48,3 +48,34 @@ def test_the_checkers_do_find_problems(tmp_path):
     assert run(tool("ruff", "ruff"), "check", "--isolated", "--select", "F401", str(bad)).returncode == 1
     assert run(tool("mypy", "mypy"), "--no-incremental", "--config-file", "/dev/null", str(bad),
                cwd=tmp_path).returncode == 1
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """`path:line name (N lines)` for every function or method longer than `limit` lines (its def to its last
+    line, decorators and docstring included)."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_in_src_is_over_100_lines():
+    """A function that long does several things; split it along its steps."""
+    assert long_functions(REPO / "src") == []
+
+
+def test_long_functions_are_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    body = "".join(f"    x{n} = {n}\n" for n in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg" / "m.py").write_text(f"def short():\n    pass\n\n\nasync def long():\n{body}")
+    assert long_functions(tmp_path / "pkg") == ["pkg/m.py:5 long (101 lines)"]

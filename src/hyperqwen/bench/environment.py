@@ -9,7 +9,8 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hyperqwen.bench import prom, serverside
+from hyperqwen.bench import prom
+from hyperqwen.launch import serverside
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hyperqwen.config.keyrule import masked
+
 EXTRA_HINT = "pip install 'hyperqwen[bench]'"
 
 
@@ -11,4 +13,4 @@ class BenchError(RuntimeError):
 
 def mask_key(key: str | None) -> str:
     """What a message may say about an API key: whether there is one, never any part of it."""
-    return "***" if key else "(none)"
+    return masked(key, "(none)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from hyperqwen.bench.definitions import DEFINITIONS
@@ -104,162 +105,201 @@ def _cohort_rows(cohorts: list[dict]) -> list[str]:
     )
 
 
-def render_results(doc: dict) -> list[str]:
-    workload, res = doc["workload"], doc["results"]
-    if workload in ("chat", "ladder"):
-        cohorts = res["cohorts"] if workload == "chat" else res["steps"]
-        note = (
-            f"max_tokens {res['max_tokens']}"
-            if workload == "chat"
-            else f"prompt ≈ {res['prompt_tokens_target']} tokens, {res['max_tokens']} out, "
-            f"ignore_eos {res['ignore_eos']}"
-        )
-        return [note, ""] + _cohort_rows(cohorts)
-    if workload == "prefill":
-        rows = [
-            [
-                num(r["target_tokens"]),
-                stat(r["prompt_tokens"], digits=0),
-                stat(r["ttft_s"], digits=3),
-                stat(r["ttft_s"], "p90", 3),
-                stat(r["prefill_tok_s"]),
-                stat(r["prefill_tok_s"], "p90"),
-            ]
-            for r in res["rows"]
+def _render_cohorts(doc: dict, res: dict) -> list[str]:
+    workload = doc["workload"]
+    cohorts = res["cohorts"] if workload == "chat" else res["steps"]
+    note = (
+        f"max_tokens {res['max_tokens']}"
+        if workload == "chat"
+        else f"prompt ≈ {res['prompt_tokens_target']} tokens, {res['max_tokens']} out, ignore_eos {res['ignore_eos']}"
+    )
+    return [note, ""] + _cohort_rows(cohorts)
+
+
+def _render_prefill(doc: dict, res: dict) -> list[str]:
+    rows = [
+        [
+            num(r["target_tokens"]),
+            stat(r["prompt_tokens"], digits=0),
+            stat(r["ttft_s"], digits=3),
+            stat(r["ttft_s"], "p90", 3),
+            stat(r["prefill_tok_s"]),
+            stat(r["prefill_tok_s"], "p90"),
         ]
-        return table(
-            [
-                "target tokens",
-                "prompt tokens",
-                "TTFT s (median)",
-                "TTFT s (p90)",
-                "prefill tok/s (median)",
-                "prefill tok/s (p90)",
-            ],
-            rows,
-        )
-    if workload == "prefix":
-        cache = res.get("prefix_cache") or {}
-        rows = [
-            [
-                stat(res["prompt_tokens_turn1"], digits=0),
-                stat(res["ttft_turn1_cold_s"], digits=3),
-                stat(res["ttft_turn2_s"], digits=3),
-                num(res["turn2_speedup_median"], 2),
-                num(cache.get("hit_rate"), 3),
-            ]
+        for r in res["rows"]
+    ]
+    return table(
+        [
+            "target tokens",
+            "prompt tokens",
+            "TTFT s (median)",
+            "TTFT s (p90)",
+            "prefill tok/s (median)",
+            "prefill tok/s (p90)",
+        ],
+        rows,
+    )
+
+
+def _render_prefix(doc: dict, res: dict) -> list[str]:
+    cache = res.get("prefix_cache") or {}
+    rows = [
+        [
+            stat(res["prompt_tokens_turn1"], digits=0),
+            stat(res["ttft_turn1_cold_s"], digits=3),
+            stat(res["ttft_turn2_s"], digits=3),
+            num(res["turn2_speedup_median"], 2),
+            num(cache.get("hit_rate"), 3),
         ]
-        return table(
-            [
-                "prompt tokens (turn 1)",
-                "TTFT turn 1, cold (s, median)",
-                "TTFT turn 2 (s, median)",
-                "speedup",
-                "prefix-cache hit rate",
-            ],
-            rows,
-        )
-    if workload == "longdoc":
-        rows = []
-        for t in res["tasks"]:
-            if "skipped" in t:
-                rows.append([t["id"], "–", "skipped", t["skipped"]])
-                continue
-            detail = ""
-            if t["kind"] in ("copy", "edit") and not t["passed"]:
-                detail = f"first mismatch at char {t.get('first_mismatch_at')}"
-            rows.append([t["id"], t["kind"], "pass" if t["passed"] else "FAIL", detail])
-        return [f"context ≈ {res['context_tokens_target']} tokens; {res['passed']}/{res['scored']} passed", ""] + table(
-            ["task", "kind", "result", "detail"], rows
-        )
-    if workload == "reproduce":
-        tpv, per_pos = _spec(res.get("spec_decode"))
-        return table(
-            [
-                "document tokens",
-                "reproduced (share)",
-                "decode tok/s, ours",
-                "decode tok/s, reference def.",
-                "TTFT s",
-                "tokens/verify step",
-                "acceptance by position",
-            ],
-            [
-                [
-                    num(res["document_tokens"]),
-                    num(res["reproduced_share"], 3),
-                    num(res["decode_tok_s"]),
-                    num(res.get("decode_reference_tok_s")),
-                    num(res["ttft_s"], 3),
-                    tpv,
-                    per_pos,
-                ]
-            ],
-        )
-    if workload == "spec_modes":  # hyperqwen.bench.specmodes: one row per SPEC and workload
-        rows = []
-        for mode in res["modes"]:
-            knobs = ", ".join(f"{k}={v}" for k, v in mode["knobs"].items()) or "–"
-            for name, block in mode["workloads"].items():
-                spec = block.get("spec_decode") or {}
-                tpv, per_pos = _spec(spec)
-                same = mode["identical"][name]
-                rows.append(
-                    [
-                        f"`{mode['spec']}`",
-                        knobs,
-                        name,
-                        num(block["requests"]),
-                        num(block["output_tokens"]),
-                        num(spec.get("drafts"), 0) if spec else "–",
-                        tpv,
-                        per_pos,
-                        num(spec.get("acceptance_rate"), 2) if spec else "–",
-                        f"{same['identical']}/{same['of']}",
-                        num(block.get("output_tok_s")),
-                    ]
-                )
-        headers = [
-            "SPEC",
-            "knobs",
-            "workload",
-            "requests",
-            "output tokens",
-            "verify steps with drafts",
+    ]
+    return table(
+        [
+            "prompt tokens (turn 1)",
+            "TTFT turn 1, cold (s, median)",
+            "TTFT turn 2 (s, median)",
+            "speedup",
+            "prefix-cache hit rate",
+        ],
+        rows,
+    )
+
+
+def _render_longdoc(doc: dict, res: dict) -> list[str]:
+    rows = []
+    for t in res["tasks"]:
+        if "skipped" in t:
+            rows.append([t["id"], "–", "skipped", t["skipped"]])
+            continue
+        detail = ""
+        if t["kind"] in ("copy", "edit") and not t["passed"]:
+            detail = f"first mismatch at char {t.get('first_mismatch_at')}"
+        rows.append([t["id"], t["kind"], "pass" if t["passed"] else "FAIL", detail])
+    return [f"context ≈ {res['context_tokens_target']} tokens; {res['passed']}/{res['scored']} passed", ""] + table(
+        ["task", "kind", "result", "detail"], rows
+    )
+
+
+def _render_reproduce(doc: dict, res: dict) -> list[str]:
+    tpv, per_pos = _spec(res.get("spec_decode"))
+    return table(
+        [
+            "document tokens",
+            "reproduced (share)",
+            "decode tok/s, ours",
+            "decode tok/s, reference def.",
+            "TTFT s",
             "tokens/verify step",
             "acceptance by position",
-            "acceptance rate",
-            "identical to SPEC=none",
-            "output tok/s (CPU)",
-        ]
-        intro = [res["note"], ""] if res.get("note") else []
-        return intro + [f"Regenerate: `{doc['params'].get('command')}`", ""] + table(headers, rows)
-    if workload == "needle":
-        rows = [[num(r["depth"], 2), "found" if r["found"] else "MISSED"] for r in res["rows"]]
-        # Exact match on a code unique to the run; an echo of the prompt names the decoy too and fails.
-        return [f"context ≈ {res['context_tokens_target']} tokens", ""] + table(["depth", "result"], rows)
-    if workload == "gates":
-        rows = [[name, "pass" if value["passed"] else "FAIL"] for name, value in res.items()]
-        return table(["gate", "result"], rows)
-    if workload == "gsm8k":
-        return table(
-            ["dataset", "questions", "correct", "exact match", "pass mark"],
+        ],
+        [
             [
+                num(res["document_tokens"]),
+                num(res["reproduced_share"], 3),
+                num(res["decode_tok_s"]),
+                num(res.get("decode_reference_tok_s")),
+                num(res["ttft_s"], 3),
+                tpv,
+                per_pos,
+            ]
+        ],
+    )
+
+
+def _render_spec_modes(doc: dict, res: dict) -> list[str]:
+    """hyperqwen.bench.specmodes: one row per SPEC and workload"""
+    rows = []
+    for mode in res["modes"]:
+        knobs = ", ".join(f"{k}={v}" for k, v in mode["knobs"].items()) or "–"
+        for name, block in mode["workloads"].items():
+            spec = block.get("spec_decode") or {}
+            tpv, per_pos = _spec(spec)
+            same = mode["identical"][name]
+            rows.append(
                 [
-                    res["dataset"],
-                    str(res["questions"]),
-                    str(res["correct"]),
-                    num(res["exact_match"], 3),
-                    num(res.get("pass_mark"), 2),
+                    f"`{mode['spec']}`",
+                    knobs,
+                    name,
+                    num(block["requests"]),
+                    num(block["output_tokens"]),
+                    num(spec.get("drafts"), 0) if spec else "–",
+                    tpv,
+                    per_pos,
+                    num(spec.get("acceptance_rate"), 2) if spec else "–",
+                    f"{same['identical']}/{same['of']}",
+                    num(block.get("output_tok_s")),
                 ]
-            ],
-        )
-    if workload == "perplexity":
-        return table(
-            ["dataset", "windows", "tokens scored", "perplexity"],
-            [[res["dataset"], str(res["windows"]), num(res["tokens_scored"]), num(res["perplexity"], 3)]],
-        )
-    return [f"(no table for workload {workload!r})"]
+            )
+    headers = [
+        "SPEC",
+        "knobs",
+        "workload",
+        "requests",
+        "output tokens",
+        "verify steps with drafts",
+        "tokens/verify step",
+        "acceptance by position",
+        "acceptance rate",
+        "identical to SPEC=none",
+        "output tok/s (CPU)",
+    ]
+    intro = [res["note"], ""] if res.get("note") else []
+    return intro + [f"Regenerate: `{doc['params'].get('command')}`", ""] + table(headers, rows)
+
+
+def _render_needle(doc: dict, res: dict) -> list[str]:
+    rows = [[num(r["depth"], 2), "found" if r["found"] else "MISSED"] for r in res["rows"]]
+    # Exact match on a code unique to the run; an echo of the prompt names the decoy too and fails.
+    return [f"context ≈ {res['context_tokens_target']} tokens", ""] + table(["depth", "result"], rows)
+
+
+def _render_gates(doc: dict, res: dict) -> list[str]:
+    rows = [[name, "pass" if value["passed"] else "FAIL"] for name, value in res.items()]
+    return table(["gate", "result"], rows)
+
+
+def _render_gsm8k(doc: dict, res: dict) -> list[str]:
+    return table(
+        ["dataset", "questions", "correct", "exact match", "pass mark"],
+        [
+            [
+                res["dataset"],
+                str(res["questions"]),
+                str(res["correct"]),
+                num(res["exact_match"], 3),
+                num(res.get("pass_mark"), 2),
+            ]
+        ],
+    )
+
+
+def _render_perplexity(doc: dict, res: dict) -> list[str]:
+    return table(
+        ["dataset", "windows", "tokens scored", "perplexity"],
+        [[res["dataset"], str(res["windows"]), num(res["tokens_scored"]), num(res["perplexity"], 3)]],
+    )
+
+
+# Workload -> its table (a result document's "workload" picks one).
+RENDERERS: dict[str, Callable[[dict, dict], list[str]]] = {
+    "chat": _render_cohorts,
+    "ladder": _render_cohorts,
+    "prefill": _render_prefill,
+    "prefix": _render_prefix,
+    "longdoc": _render_longdoc,
+    "reproduce": _render_reproduce,
+    "spec_modes": _render_spec_modes,
+    "needle": _render_needle,
+    "gates": _render_gates,
+    "gsm8k": _render_gsm8k,
+    "perplexity": _render_perplexity,
+}
+
+
+def render_results(doc: dict) -> list[str]:
+    renderer = RENDERERS.get(doc["workload"])
+    if renderer is None:
+        return [f"(no table for workload {doc['workload']!r})"]
+    return renderer(doc, doc["results"])
 
 
 # The knobs that change speed or output, shown in tables; every knob in effect stays in the JSON.

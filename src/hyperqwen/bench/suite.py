@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperqwen.bench.errors import EXTRA_HINT, BenchError
+from hyperqwen.exit_codes import Exit
 
 # The order is cheapest-informative first: a broken server shows in the first minute, not after the ladder.
 STEP_NAMES = (
@@ -103,6 +104,14 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
             f"C{'/'.join(map(str, ladder))}, 128 in / {ladder_tokens} out, ignore_eos (as the reference)",
         )
     )
+    steps += _context_steps(q, max_len)
+    steps += _task_steps(q, max_len, gsm8k_dataset)
+    return SuitePlan(steps, max_len)
+
+
+def _context_steps(q: bool, max_len: int | None) -> list[Step]:
+    """Prefill by input length, the prefix cache, and reproduction of a long document."""
+    steps: list[Step] = []
     lengths = [256, 1024] if q else [1024, 16384, 65536]
     if not q and (max_len is None or max_len >= 100_000 + 64):
         lengths.append(100_000)
@@ -150,6 +159,12 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
     steps.append(
         Step("longdoc", "longdoc", {"context_tokens": longdoc_ctx}, 0.0, None, 10, f"{longdoc_ctx:,}-token document")
     )
+    return steps
+
+
+def _task_steps(q: bool, max_len: int | None, gsm8k_dataset: str | None) -> list[Step]:
+    """Needles (the long ones when the served context holds them), GSM8K and perplexity."""
+    steps: list[Step] = []
     needle_ctx = _fit(1024 if q else 32_768, max_len, 128)
     depths = "0,0.5,1" if q else "0,0.25,0.5,0.75,1"
     steps.append(
@@ -193,7 +208,7 @@ def plan(quick: bool, max_len: int | None, gsm8k_dataset: str | None = None) -> 
     steps.append(
         Step("perplexity", "perplexity", {"limit": 2 if q else 6}, 0.0, None, 2 if q else 6, "built-in corpus windows")
     )
-    return SuitePlan(steps, max_len)
+    return steps
 
 
 def fetch_gsm8k(out_dir: Path) -> Path:
@@ -252,7 +267,7 @@ class _Progress:
 
 
 def _step_args(args: argparse.Namespace, step: Step) -> argparse.Namespace:
-    from hyperqwen.bench.cli import WORKLOAD_OPTIONS
+    from hyperqwen.bench.runner import WORKLOAD_OPTIONS
 
     values: dict[str, Any] = {name: None for name in WORKLOAD_OPTIONS}
     values.update({k: v for k, v in step.options.items() if v is not None})
@@ -286,9 +301,8 @@ def _step_args(args: argparse.Namespace, step: Step) -> argparse.Namespace:
 
 async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
     from hyperqwen.bench import report
-    from hyperqwen.bench.cli import api_key, fetch_server_environment, run_workload, write_json_atomic
     from hyperqwen.bench.client import BenchClient
-    from hyperqwen.bench.environment import build_environment
+    from hyperqwen.bench.runner import api_key, report_environment, run_workload, write_json_atomic
 
     out: Path = args.out or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     steps_dir = out / "steps"
@@ -299,17 +313,7 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
     client.chat_extra = {} if args.thinking else {"chat_template_kwargs": {"enable_thinking": False}}
     try:
         model = await client.resolve_model()
-        server, note = await fetch_server_environment(client)
-        environment = build_environment(
-            version=await client.version(),
-            metrics_text=await client.metrics_text(),
-            server_log=args.server_log,
-            env_file=args.env_file,
-            hardware=args.hardware,
-            label=args.label,
-            server=server,
-            server_note=note,
-        )
+        environment, note = await report_environment(client, args)
         if note:
             print(
                 f"hyperqwen bench suite: warning: server environment unavailable ({note}); the report records "
@@ -375,26 +379,26 @@ async def run_suite(args: argparse.Namespace) -> tuple[Path, dict]:
 def suite_command(args: argparse.Namespace) -> int:
     import asyncio
 
-    from hyperqwen.bench.cli import missing_extra
+    from hyperqwen.bench.runner import missing_extra
 
     missing = missing_extra()
     if missing:
         print(
             f"hyperqwen bench suite: needs the bench extra ({missing} is not installed): {EXTRA_HINT}", file=sys.stderr
         )
-        return 2
+        return Exit.BAD_INPUT
     try:
         out, summary = asyncio.run(run_suite(args))
     except (BenchError, FileNotFoundError) as exc:
         print(f"hyperqwen bench suite: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     for text in summary.get("warnings", {}).values():
         print(f"hyperqwen bench suite: warning: {text}", file=sys.stderr)
     print(f"hyperqwen bench suite: report: {out / 'report.md'} and {out / 'report.json'}", file=sys.stderr)
     if summary["failed_gates"]:
         print(f"hyperqwen bench suite: FAILED gates: {', '.join(summary['failed_gates'])}", file=sys.stderr)
-        return 1
-    return 0
+        return Exit.FAILED
+    return Exit.OK
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -412,7 +416,7 @@ def report_command(args: argparse.Namespace) -> int:
             f"{args.dir}` first",
             file=sys.stderr,
         )
-        return 2
+        return Exit.BAD_INPUT
     environment = next(iter(docs.values()))["environment"]
     summary = report.write_report(
         args.dir,
@@ -422,11 +426,11 @@ def report_command(args: argparse.Namespace) -> int:
         planned=list(docs),
     )
     print(f"hyperqwen bench report: {args.dir / 'report.md'}", file=sys.stderr)
-    return 1 if summary["failed_gates"] else 0
+    return Exit.FAILED if summary["failed_gates"] else Exit.OK
 
 
 def register(inner: argparse._SubParsersAction) -> None:
-    from hyperqwen.bench.cli import add_server_arguments
+    from hyperqwen.bench.runner import add_server_arguments
 
     doc = (
         "the whole field report against a running server: C1 chat decode (greedy and default sampling), the "

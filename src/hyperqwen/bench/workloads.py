@@ -382,6 +382,35 @@ async def longdoc(ctx: RunContext) -> dict:
         results.append(
             {"id": task["id"], "kind": "edit" if "replace" in task else "copy", **check, "request": record.to_json()}
         )
+    results += await _longdoc_judged(ctx, tasks, ask, document, paragraphs)
+    exact = [r for r in results if r.get("kind") in ("copy", "edit", "answer")]
+    if exact:
+        # Copy, edit and short answers have one right output; quotes and summaries are reported, not gated.
+        ctx.gate(
+            "longdoc_exact",
+            all(r["passed"] for r in exact),
+            tasks=[r["id"] for r in exact],
+            failed=[r["id"] for r in exact if not r["passed"]],
+            pass_mark="every copy/edit/answer task",
+        )
+    return {
+        "context_tokens_target": context_tokens,
+        "tokens_exact": counter.exact,
+        "passed": sum(1 for r in results if r.get("passed")),
+        "scored": sum(1 for r in results if "passed" in r),
+        "tasks": results,
+    }
+
+
+async def _longdoc_judged(
+    ctx: RunContext,
+    tasks: dict,
+    ask: Callable[[str, str, int], Awaitable[RequestRecord]],
+    document: str,
+    paragraphs: list,
+) -> list[dict]:
+    """The quote, summary and short-answer tasks: each judged by its own rule, not by a verbatim match."""
+    results: list[dict] = []
     for task in tasks.get("quote", []):
         record = await ask(task["id"], task["instruction"] + " Output only the sentence.", ctx.max_tokens or 160)
         quote = _strip_wrapping(record.text).strip("\"'“”")
@@ -427,23 +456,7 @@ async def longdoc(ctx: RunContext) -> dict:
                 "request": record.to_json(),
             }
         )
-    exact = [r for r in results if r.get("kind") in ("copy", "edit", "answer")]
-    if exact:
-        # Copy, edit and short answers have one right output; quotes and summaries are reported, not gated.
-        ctx.gate(
-            "longdoc_exact",
-            all(r["passed"] for r in exact),
-            tasks=[r["id"] for r in exact],
-            failed=[r["id"] for r in exact if not r["passed"]],
-            pass_mark="every copy/edit/answer task",
-        )
-    return {
-        "context_tokens_target": context_tokens,
-        "tokens_exact": counter.exact,
-        "passed": sum(1 for r in results if r.get("passed")),
-        "scored": sum(1 for r in results if "passed" in r),
-        "tasks": results,
-    }
+    return results
 
 
 # ---- long-document reproduction ------------------------------------------------------------------
@@ -599,10 +612,20 @@ def validate_json(instance, schema: dict) -> list[str]:
 
 
 async def gates(ctx: RunContext) -> dict:
-    client = ctx.client
     paragraphs = data.corpus_paragraphs(ctx.data_root)
-    out: dict = {}
+    out: dict = {
+        "verbatim_copy": await _gate_verbatim_copy(ctx, paragraphs),
+        "tool_call_round_trip": await _gate_tool_round_trip(ctx),
+        "json_schema": await _gate_json_schema(ctx),
+        "greedy_repeatable": await _gate_greedy_repeatable(ctx),
+    }
+    for name, result in out.items():
+        ctx.gates[name] = {"passed": result["passed"]}
+    return out
 
+
+async def _gate_verbatim_copy(ctx: RunContext, paragraphs: list) -> dict:
+    client = ctx.client
     # 1. Verbatim copy of a short passage given in the prompt, checked character by character.
     passage = _find_paragraph(paragraphs, "06-tide-pools.md", "Wear shoes with a firm grip")
     content = data.salted(
@@ -613,8 +636,11 @@ async def gates(ctx: RunContext) -> dict:
     record = await client.stream_chat(
         [{"role": "user", "content": content}], ctx.max_tokens or 200, temperature=0.0, seed=ctx.seed
     )
-    out["verbatim_copy"] = {**verbatim_check(passage, record.text), "request": record.to_json()}
+    return {**verbatim_check(passage, record.text), "request": record.to_json()}
 
+
+async def _gate_tool_round_trip(ctx: RunContext) -> dict:
+    client = ctx.client
     # 2. Tool-call round trip: the model calls the tool, we answer, the model uses the answer.
     messages: list[dict[str, Any]] = [
         {
@@ -658,15 +684,18 @@ async def gates(ctx: RunContext) -> dict:
                 },
             )
             final_text = second["choices"][0]["message"].get("content") or ""
-        out["tool_call_round_trip"] = {
+        return {
             "passed": bool(tool_ok and final_text and "16:42" in final_text),
             "tool_called": bool(tool_ok),
             "arguments": arguments,
             "final_answer": (final_text or "")[:300],
         }
     except (BenchError, KeyError, IndexError, ValueError, TypeError) as exc:
-        out["tool_call_round_trip"] = {"passed": False, "error": str(exc)[:300]}
+        return {"passed": False, "error": str(exc)[:300]}
 
+
+async def _gate_json_schema(ctx: RunContext) -> dict:
+    client = ctx.client
     # 3. JSON-schema constrained output validates.
     try:
         response = await client.post_json(
@@ -697,10 +726,13 @@ async def gates(ctx: RunContext) -> dict:
             errors = validate_json(json.loads(text), ANSWER_SCHEMA)
         except ValueError as exc:
             errors = [f"not JSON: {exc}"]
-        out["json_schema"] = {"passed": not errors, "errors": errors[:5], "output": text[:300]}
+        return {"passed": not errors, "errors": errors[:5], "output": text[:300]}
     except BenchError as exc:
-        out["json_schema"] = {"passed": False, "error": str(exc)[:300]}
+        return {"passed": False, "error": str(exc)[:300]}
 
+
+async def _gate_greedy_repeatable(ctx: RunContext) -> dict:
+    client = ctx.client
     # 4. Greedy decoding repeated on one salted prompt gives identical text.
     repeats = int(ctx.opt("repeats", 3))
     prompt = data.chat_prompts(ctx.data_root)[0]
@@ -709,14 +741,11 @@ async def gates(ctx: RunContext) -> dict:
     for _ in range(repeats):
         rec = await client.stream_chat(messages, ctx.max_tokens or 128, temperature=0.0, seed=ctx.seed)
         texts.append(rec.text)
-    out["greedy_repeatable"] = {
+    return {
         "passed": len(set(texts)) == 1 and bool(texts[0]),
         "runs": repeats,
         "distinct_outputs": len(set(texts)),
     }
-    for name, result in out.items():
-        ctx.gates[name] = {"passed": result["passed"]}
-    return out
 
 
 # ---- quality: GSM8K-style exact match ------------------------------------------------------------

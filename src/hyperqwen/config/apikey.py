@@ -17,45 +17,8 @@ import errno
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperqwen.config.settings import Problem, Settings, SettingsError
-
-MIN_KEY_LENGTH = 16
-MAKE_KEY = "openssl rand -hex 16 > models/api_key.txt"
-# Longest path and file name Linux accepts (PATH_MAX, NAME_MAX); longer ones fail with ENAMETOOLONG.
-PATH_MAX = 4096
-NAME_MAX = 255
-
-
-def key_policy_violation(key: str) -> str | None:
-    """What is wrong with `key` (without showing it), or None when it passes the rule."""
-    bad = sorted({f"U+{ord(ch):04X}" for ch in key if not 0x21 <= ord(ch) <= 0x7E})
-    if bad:
-        what = (
-            "a space"
-            if bad == ["U+0020"]
-            else "characters outside printable ASCII (" + ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "") + ")"
-        )
-        return (
-            f"the key contains {what}, which clients cannot send in a header; use only printable ASCII "
-            f"without spaces, e.g. `{MAKE_KEY}`"
-        )
-    if len(key) < MIN_KEY_LENGTH:
-        return (
-            f"the key has {len(key)} characters; at least {MIN_KEY_LENGTH} are needed (a short key can be "
-            f"guessed); make one with `{MAKE_KEY}`"
-        )
-    return None
-
-
-def path_problem(path: Path) -> str | None:
-    """Why `path` cannot be opened on Linux before even trying (too long), or None."""
-    text = str(path)
-    if len(text.encode("utf-8", "surrogatepass")) > PATH_MAX:
-        return f"the path has {len(text)} characters; Linux allows at most {PATH_MAX} bytes"
-    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in path.parts), default=0)
-    if longest > NAME_MAX:
-        return f"a part of the path is {longest} bytes long; Linux allows at most {NAME_MAX} bytes per name"
-    return None
+from hyperqwen.config.keyrule import MAKE_KEY, key_policy_violation, path_problem
+from hyperqwen.config.settings import ENV_FAMILIES, Problem, Settings, SettingsError, describe_bind, is_loopback
 
 
 def _shown(path: Path) -> str:
@@ -152,43 +115,37 @@ def describe_api_key(settings: Settings) -> str:
     return f"set, from {key.source}"
 
 
+def exposure_problem(settings: Settings, api_key: str | None, what: str, bind: str | None = None) -> Problem | None:
+    """The one exposure rule of every server we start (vLLM, the monitor, the router gate): listening beyond
+    this machine (BIND, or the command's own bind flag, not loopback) needs an API key. `what` names the server
+    in the message."""
+    bind = bind or settings["BIND"]
+    if is_loopback(bind) or api_key:
+        return None
+    return Problem(
+        "error",
+        f"BIND={describe_bind(bind)} exposes {what} beyond this machine, but no API key is set. Create one with\n"
+        f"    {MAKE_KEY}\n"
+        f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+        "or keep BIND=127.0.0.1.",
+        "BIND",
+    )
+
+
 # --- what may be shown in clear ---------------------------------------------------------------------------
 
 # A variable whose name contains one of these is a secret, whatever program it belongs to
 # (HUGGING_FACE_HUB_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, ...).
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-# Families of variables known to hold settings, not secrets (names with a secret word excepted): what a
-# `.env` beside our knobs usually carries for vLLM, CUDA, PyTorch and their libraries. Anything else a
-# `.env` passes through is shown masked: it may be a token under a name we do not know.
-NON_SECRET_PREFIXES = (
-    "VLLM_",
-    "CUDA_",
-    "NVIDIA_",
-    "PYTORCH_",
-    "TORCH",
-    "NCCL_",
-    "OMP_",
-    "MKL_",
-    "HF_HUB_",
-    "HF_HOME",
-    "HF_DATASETS_",
-    "TRANSFORMERS_",
-    "TOKENIZERS_",
-    "HYPERQWEN_",
-    "PYTHON",
-    "TRITON_",
-    "CUBLAS_",
-    "TZ",
-    "LANG",
-    "LC_",
-)
+# The families whose values are shown in clear: one table with the passthrough families (settings.py).
+NON_SECRET_PREFIXES = tuple(prefix for prefix, clear in ENV_FAMILIES.items() if clear)
 
 
 def is_secret_name(name: str) -> bool:
     """True for a name that holds, or probably was meant to hold, a secret: it contains a secret word, or it is
     a near miss of a secret knob (VLLM_API_KY, HF_TOKN)."""
     from hyperqwen.config.knobs import KNOBS
-    from hyperqwen.config.settings import did_you_mean
+    from hyperqwen.config.spelling import did_you_mean
 
     upper = name.upper()
     if any(word in upper for word in SECRET_WORDS):

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hyperqwen.config.knobs import KNOBS
+from hyperqwen.config.spelling import did_you_mean
+from hyperqwen.exit_codes import Exit
 
 OPTIONS_FILE = Path(__file__).with_name("vllm_options.json")
 KNOB = "EXTRA_ARGS"
@@ -115,7 +117,7 @@ def owned_flags() -> dict[str, tuple[str, ...]]:
     return {flag: tuple(names) for flag, names in owners.items()}
 
 
-BUILDER = "HyperQwen's own command line (launch/command.py)"
+BUILDER = "HyperQwen's own command line"
 
 
 def owned_dests(table: OptionTable | None = None, builder_flags: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
@@ -284,8 +286,6 @@ def _knob_hint(knobs: Iterable[str]) -> str:
 
 def problems_in(words: Sequence[str], table: OptionTable | None = None, builder_flags: Iterable[str] = ()) -> list[str]:
     """One message per refused word (empty when EXTRA_ARGS is acceptable). Never shows a value."""
-    from hyperqwen.config.settings import did_you_mean
-
     table = table or option_table()
     owned = owned_dests(table, builder_flags)
     config_dest = table.options[CONFIG_FLAG].dest if CONFIG_FLAG in table.options else None
@@ -366,23 +366,11 @@ def check_extra_args(words: Sequence[str], raw: str | None = None, builder_flags
     return messages + problems_in(words, builder_flags=builder_flags)
 
 
-def builder_flags(settings: Any) -> tuple[str, ...]:
-    """The --flags the argv builder emits for `settings`, EXTRA_ARGS left out (imported late: launch/ builds
-    on config/, and the builder is pure). Empty when the builder refuses these settings for another reason
-    (that reason is reported on its own)."""
-    from hyperqwen.config.settings import SettingsError
-
-    try:
-        from hyperqwen.launch.command import build_command
-    except ImportError:  # the launcher is being restructured; maps_to alone still covers every knob's flag
-        return ()
-    try:
-        args = build_command(settings, api_key="x" * 32).vllm_args
-    except (SettingsError, KeyError, ValueError, TypeError):
-        return ()
-    extra = len(settings["EXTRA_ARGS"])
-    own = args[: len(args) - extra] if extra else args
-    return tuple(word.split("=", 1)[0] for word in own if word.startswith("--"))
+def builder_overrides(words: Sequence[str], builder_flags: Iterable[str]) -> list[str]:
+    """Messages for the words that set one of `builder_flags` (the flags the argv builder emits on its own,
+    declared by launch/command.py), beyond what `problems_in` already says about the knobs' flags."""
+    known = set(problems_in(words))
+    return [message for message in problems_in(words, builder_flags=builder_flags) if message not in known]
 
 
 # --- the real parser (needs vLLM) ------------------------------------------------------------------------
@@ -506,10 +494,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(table_from_parser(vllm_parser(), vllm.__version__), indent=1) + "\n"
     if args.write:
         OPTIONS_FILE.write_text(text, encoding="utf-8")
-        return 0
+        return Exit.OK
     same = OPTIONS_FILE.is_file() and OPTIONS_FILE.read_text(encoding="utf-8") == text
     print(f"{OPTIONS_FILE.name}: {'up to date' if same else 'differs from the installed vLLM'}")
-    return 0 if same else 1
+    return Exit.OK if same else Exit.FAILED
 
 
 if __name__ == "__main__":

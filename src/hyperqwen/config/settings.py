@@ -18,9 +18,12 @@ from typing import Any
 
 import yaml
 
+from hyperqwen.config.extra_args import check_extra_args
+from hyperqwen.config.keyrule import MASK, key_policy_violation, masked, path_problem
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
-from hyperqwen.config.names import did_you_mean, unknown_names
+from hyperqwen.config.names import unknown_names
 from hyperqwen.config.sizes import SizeError, parse_size
+from hyperqwen.config.spelling import did_you_mean
 
 DEFAULT = "default"
 ENV_FILE = ".env"
@@ -75,7 +78,7 @@ class Setting:
     def display(self) -> str:
         """The value as safe to show: secrets masked, never partially."""
         if self.knob.secret:
-            return "****" if self.value else "(unset)"
+            return masked(self.value)
         return format_value(self.knob, self.value)
 
 
@@ -232,6 +235,70 @@ def parse_value(knob: Knob, raw: str) -> Any:
     return value
 
 
+# Environment names that are near a knob name by accident; never "did you mean" them.
+_COMMON_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "PWD",
+        "OLDPWD",
+        "USER",
+        "SHELL",
+        "TERM",
+        "LANG",
+        "TZ",
+        "CC",
+        "CXX",
+        "CPP",
+        "LD",
+        "HOSTNAME",
+        "MAIL",
+        "EDITOR",
+        "PAGER",
+        "DISPLAY",
+        "SHLVL",
+        "LOGNAME",
+        "TMP",
+        "TEMP",
+        "TMPDIR",
+        "CI",
+        "_",
+    }
+)
+# Families of other programs' variables that legitimately sit beside our knobs in a .env or container
+# environment (no "did you mean" for them), and whether their values may be printed in clear by `--print` and
+# `--explain` (config/apikey.py shown_in_clear; a name with a secret word in it is masked in any family). The
+# clear ones are known to hold settings, not secrets; anything else passed through is shown masked: it may be a
+# token under a name we do not know.
+ENV_FAMILIES: dict[str, bool] = {
+    "VLLM_": True,
+    "CUDA_": True,
+    "NVIDIA_": True,
+    "PYTORCH_": True,
+    "TORCH": True,
+    "NCCL_": True,
+    "OMP_": True,
+    "MKL_": True,
+    "HF_HUB_": True,
+    "HF_HOME": True,
+    "HF_DATASETS_": True,
+    "HF_": False,
+    "HUGGINGFACE_": False,
+    "TRANSFORMERS_": True,
+    "TOKENIZERS_": True,
+    "HYPERQWEN_": True,
+    "PYTHON": True,
+    "TRITON_": True,
+    "CUBLAS_": True,
+    "TZ": True,
+    "LANG": True,
+    "LC_": True,
+    "COMPOSE_": False,
+    "DOCKER_": False,
+}
+_PASSTHROUGH_PREFIXES = tuple(ENV_FAMILIES)
+
+
 # Knobs that name a file or directory (relative ones under MODELS_DIR).
 PATH_KNOBS = tuple(
     k.name for k in KNOBS if k.kind == "str" and (k.name.endswith(("_DIR", "_FILE")) or "under MODELS_DIR" in k.doc)
@@ -381,7 +448,7 @@ def _resolve_one(
         try:
             setting = Setting(knob, parse_value(knob, raw), source, raw)
         except _BadValue as exc:
-            shown = "****" if knob.secret else repr(raw if len(raw) <= 80 else raw[:77] + "...")
+            shown = MASK if knob.secret else repr(raw if len(raw) <= 80 else raw[:77] + "...")
             where = {ENV_FILE: "in .env", ENVIRONMENT: "in the environment", COMMAND_LINE: "on the command line"}[
                 source
             ]
@@ -436,10 +503,8 @@ def check_combination(settings: Settings) -> list[Problem]:
     if settings.explicit("TOOL_PARSER") and not settings["TOOLS"]:
         problems.append(Problem("warning", "TOOL_PARSER has no effect because TOOLS=false", "TOOL_PARSER"))
 
-    # One key rule everywhere (apikey.py); the key file is checked when it is read. Paths too long for Linux
+    # One key rule everywhere (keyrule.py); the key file is checked when it is read. Paths too long for Linux
     # are refused here, before anything opens them (ENAMETOOLONG).
-    from hyperqwen.config.apikey import key_policy_violation, path_problem
-
     if settings["VLLM_API_KEY"]:
         violation = key_policy_violation(settings["VLLM_API_KEY"])
         if violation:
@@ -477,12 +542,9 @@ def check_combination(settings: Settings) -> list[Problem]:
         )
 
     # EXTRA_ARGS read as vLLM's parser reads it (underscores, abbreviations, dotted JSON keys): see extra_args.py.
-    from hyperqwen.config.extra_args import builder_flags, check_extra_args
-
+    # The flags the argv builder sets on its own are checked where they are declared (launch/command.py).
     extra_raw = settings.setting("EXTRA_ARGS").raw
-    for message in check_extra_args(
-        settings["EXTRA_ARGS"], extra_raw, builder_flags(settings) if settings["EXTRA_ARGS"] else ()
-    ):
+    for message in check_extra_args(settings["EXTRA_ARGS"], extra_raw):
         problems.append(Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS"))
     return problems
 
@@ -531,6 +593,17 @@ def _loopback_address(address: str) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is IPv4 loopback
     return (mapped or ip).is_loopback
+
+
+# Inside the image every server (vLLM, the monitor, the router gate) listens on all interfaces of the
+# container's own network namespace, while BIND stays the host-side publish address compose uses and the
+# exposure check looks at. Set by the Dockerfile and compose, never by users.
+LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
+
+
+def listen_host(environ: Mapping[str, str], bind: str) -> str:
+    """Where a server of ours listens: the image's listen address when set, else BIND."""
+    return environ.get(LISTEN_HOST_ENV) or bind
 
 
 def is_loopback(host: str) -> bool:

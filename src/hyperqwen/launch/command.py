@@ -16,12 +16,18 @@ from functools import lru_cache
 from pathlib import PurePath
 from typing import Any
 
+from hyperqwen.config.apikey import exposure_problem, shown_in_clear
+from hyperqwen.config.extra_args import builder_overrides
+from hyperqwen.config.keyrule import MASK
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB, STRUCTURED_OUTPUT_CONFIGS
-from hyperqwen.config.settings import Problem, Settings, SettingsError, describe_bind, is_loopback, listen_address
+from hyperqwen.config.settings import Problem, Settings, SettingsError, listen_address
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
-MASK = "****"
+# The vLLM flags build_command emits on its own, that no knob's maps_to names (knobs.py): EXTRA_ARGS may not
+# override them either. A unit test builds the command over the knobs' choices and proves every flag it emits
+# is a knob's or listed here.
+BUILDER_FLAGS = ("--enable-prompt-tokens-details", "--tool-strict-level")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -112,8 +118,6 @@ class VllmCommand:
     def masked_env(self) -> dict[str, str]:
         """Values safe to print: secrets, names with KEY/TOKEN/SECRET/PASSWORD, near misses of a secret knob
         and variables outside the known settings families (a `.env` may pass anything through) are masked."""
-        from hyperqwen.config.apikey import shown_in_clear
-
         return {
             name: (MASK if name in SECRET_ENV or not shown_in_clear(name) else value)
             for name, value in self.env.items()
@@ -192,23 +196,14 @@ def build_command(
     never the command line. listen_host: where the server listens when it differs from BIND (inside a
     container it listens on 0.0.0.0 while compose publishes the port on BIND only).
     gdn_prefill_fallback: GDN_PREFILL=auto on a card where vLLM's own pick cannot load (gdn_prefill_fallback()).
-    Raises SettingsError when the combination is unsafe (exposed without a key).
+    Raises SettingsError when the combination is unsafe (exposed without a key) or EXTRA_ARGS overrides one of
+    BUILDER_FLAGS.
     """
     bind = settings["BIND"]
-    if not is_loopback(bind) and not api_key:
-        raise SettingsError(
-            [
-                Problem(
-                    "error",
-                    f"BIND={describe_bind(bind)} exposes the API beyond this machine, but no API key is set. "
-                    "Create one with\n"
-                    f"    openssl rand -hex 16 > models/api_key.txt\n"
-                    f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
-                    f"or keep BIND=127.0.0.1.",
-                    "BIND",
-                )
-            ]
-        )
+    refuse_exposed_without_key(settings, api_key)
+    overrides = builder_overrides(settings["EXTRA_ARGS"], BUILDER_FLAGS)
+    if overrides:
+        raise SettingsError([Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS") for message in overrides])
 
     value_problems = check_owned_values(settings)
     if value_problems:
@@ -228,6 +223,36 @@ def build_command(
         # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
         "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
     ]
+    args += feature_args(settings)
+    gdn_prefill = settings["GDN_PREFILL"]
+    if gdn_prefill == "auto" and gdn_prefill_fallback:
+        gdn_prefill = "triton"
+    if gdn_prefill != "auto":
+        args.append(option("--gdn-prefill-backend", gdn_prefill))
+    args += list(settings["EXTRA_ARGS"])
+    env, unset = server_env(settings, api_key)
+    return VllmCommand(
+        argv=(python, "-m", VLLM_SERVER_MODULE, *args),
+        env=env,
+        unset_env=unset,
+        problems=settings.problems,
+        kv_cache_dtype=kv_dtype,
+        max_model_len=model_len,
+        owned=OwnedValues(host, settings["PORT"], str(settings.model_path), settings["SERVED_MODEL_NAME"]),
+    )
+
+
+def refuse_exposed_without_key(settings: Settings, api_key: str | None) -> None:
+    """The server may listen beyond this machine only with an API key (config/apikey.py's rule)."""
+    problem = exposure_problem(settings, api_key, "the API")
+    if problem is not None:
+        raise SettingsError([problem])
+
+
+def feature_args(settings: Settings) -> list[str]:
+    """The flags of the knobs that switch features on or off (prefix caching details, TP, offloading,
+    speculative decoding, tools, thinking, ...)."""
+    args: list[str] = []
     if settings["PREFIX_CACHE"]:
         # usage.prompt_tokens_details.cached_tokens; /v1/messages reports it as cache_read_input_tokens.
         args.append("--enable-prompt-tokens-details")
@@ -285,13 +310,11 @@ def build_command(
     args.append(option("--sse-keep-alive-interval", settings["STREAM_KEEPALIVE"]))
     if settings["TEMPERATURE"] is not None:
         args.append(option("--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})))
-    gdn_prefill = settings["GDN_PREFILL"]
-    if gdn_prefill == "auto" and gdn_prefill_fallback:
-        gdn_prefill = "triton"
-    if gdn_prefill != "auto":
-        args.append(option("--gdn-prefill-backend", gdn_prefill))
-    args += list(settings["EXTRA_ARGS"])
+    return args
 
+
+def server_env(settings: Settings, api_key: str | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Variables set for the server (the key, our patches' switches, passed-through ones) and those removed."""
     env = dict(settings.passthrough_env)
     unset: tuple[str, ...] = ()
     if api_key:
@@ -312,15 +335,7 @@ def build_command(
     if settings["HF_TOKEN"]:
         env["HF_TOKEN"] = settings["HF_TOKEN"]
 
-    return VllmCommand(
-        argv=(python, "-m", VLLM_SERVER_MODULE, *args),
-        env=env,
-        unset_env=unset,
-        problems=settings.problems,
-        kv_cache_dtype=kv_dtype,
-        max_model_len=model_len,
-        owned=OwnedValues(host, settings["PORT"], str(settings.model_path), settings["SERVED_MODEL_NAME"]),
-    )
+    return env, unset
 
 
 def check_owned_values(settings: Settings) -> list[Problem]:

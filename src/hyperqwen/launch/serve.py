@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError
+from hyperqwen.config.settings import PLANNER, Problem, Settings, SettingsError, listen_host
+from hyperqwen.exit_codes import Exit
 from hyperqwen.launch.budget import BudgetOutcome, LaunchBudget, decide_budget
 from hyperqwen.launch.command import (
     VllmCommand,
@@ -30,10 +31,6 @@ from hyperqwen.launch.command import (
 if TYPE_CHECKING:
     from hyperqwen.memory import GpuFacts
     from hyperqwen.memory.host import HostFacts
-
-# Inside the image the server listens on all interfaces of the container's own network namespace;
-# compose publishes the port on BIND only. Set by the Dockerfile, never by users.
-LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ def prepare_launch(
         settings,
         max_model_len=budget.max_model_len,
         api_key=api_key,
-        listen_host=environ.get(LISTEN_HOST_ENV) or None,
+        listen_host=listen_host(environ, settings["BIND"]),
         gdn_prefill_fallback=gdn_reason is not None,
     )
     return Launch(settings, budget, command, gdn_reason)
@@ -171,7 +168,7 @@ def write_server_environment(launch: Launch, environ: Mapping[str, str]) -> dict
     Returns the variable that tells the route where the file is. Best effort: a failure never blocks a start."""
     from pathlib import Path
 
-    from hyperqwen.bench.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
+    from hyperqwen.launch.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
 
     settings = launch.settings
     path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path(settings["PORT"]))
@@ -262,14 +259,14 @@ def run(
                 "hyperqwen serve: --gpu plans for a card that is not here; use it with --print or --explain",
                 file=sys.stderr,
             )
-            return 2
+            return Exit.BAD_INPUT
         from hyperqwen.memory import GpuError, parse_gpu
 
         try:
             planned = parse_gpu(card)
         except GpuError as exc:
             print(f"hyperqwen serve: {exc}", file=sys.stderr)
-            return 2
+            return Exit.BAD_INPUT
         gpu_reader = lambda: planned  # noqa: E731
         gdn_prober = lambda: None  # noqa: E731 - a planned card is not this machine's
     try:
@@ -279,7 +276,7 @@ def run(
             model_problems = check_model_dir(settings)
             if model_problems:
                 report(model_problems)
-                return 2
+                return Exit.BAD_INPUT
         gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
         gdn_reason = gdn_prober() if settings["GDN_PREFILL"] == "auto" else None
         launch = prepare_launch(
@@ -296,26 +293,26 @@ def run(
             "hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
             file=sys.stderr,
         )
-        return 2
+        return Exit.BAD_INPUT
     problems = check_before_start(launch)
     if problems:
         report(problems)
         print("hyperqwen: nothing was started.", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     if args.explain:
         print(explain(launch))
-        return 0
+        return Exit.OK
     if args.print:
         print(launch.command.shell_command())
         report(settings.warnings)
         for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
             print(f"hyperqwen: {note}", file=sys.stderr)
-        return 0
+        return Exit.OK
     problems = check_with_vllm_before_exec(launch)
     if problems:
         report(problems)
         print("hyperqwen: nothing was started.", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
     for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
         print(f"hyperqwen: {note}", file=sys.stderr)
@@ -326,7 +323,7 @@ def run(
     sys.stdout.flush()
     sys.stderr.flush()
     execve(launch.command.argv[0], list(launch.command.argv), env)
-    return 0  # pragma: no cover - execve does not return
+    return Exit.OK  # pragma: no cover - execve does not return
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

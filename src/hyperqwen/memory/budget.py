@@ -31,18 +31,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hyperqwen.config.knobs import KNOBS_BY_NAME, MTP_SPEC_METHODS
 from hyperqwen.config.sizes import GiB, MiB
+from hyperqwen.exit_codes import Exit
 from hyperqwen.memory.checkpoint import (
     DTYPE_BYTES,
     Checkpoint,
-    CheckpointError,
     DrafterAttention,
+    WeightBytes,
     drafter_attention_from_config,
     load_checkpoint,
     read_checkpoint_tensors,
@@ -78,8 +79,13 @@ class Outcome(StrEnum):
 
     @property
     def exit_code(self) -> int:
-        # 1 is left out on purpose: it is what Python exits with on an uncaught error.
-        return {Outcome.FITS: 0, Outcome.SHORTER: 3, Outcome.REFUSES_BOOT: 4, Outcome.CARD_FULL: 5}[self]
+        # Never 1 (exit_codes.py): it is what Python exits with on an uncaught error.
+        return {
+            Outcome.FITS: Exit.OK,
+            Outcome.SHORTER: Exit.PLAN_SHORTER,
+            Outcome.REFUSES_BOOT: Exit.PLAN_REFUSES_BOOT,
+            Outcome.CARD_FULL: Exit.PLAN_CARD_FULL,
+        }[self]
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -565,57 +571,193 @@ def plan_memory(
 def plan_inputs(
     i: MemoryInputs, gpu: GpuFacts, *, checkpoint: Checkpoint | None = None, host: HostFacts | None = None
 ) -> MemoryBudget:
+    """vLLM's start, step by step: the checkpoint's layout and terms, the startup check, the host RAM, the one
+    request the pool must hold, the headroom left after boot, then the verdict."""
     if checkpoint is not None:
         ckpt, ckpt_source = checkpoint, "given checkpoint"
     else:
         ckpt, ckpt_source = load_planning_checkpoint(i.model_dir)
     s = ckpt.shape
-
-    drafter = None
-    drafter_weights = 0
-    model_dtype = _resolve_dtype(i.model_dtype, s.torch_dtype)
-    mdb = DTYPE_BYTES[model_dtype]
-    if i.spec_method == "dflash2":
-        if i.draft_dir is None:
-            raise MemoryPlanError("SPEC=dflash2 needs DRAFT (the drafter directory) for its layers and weights")
-        if not (i.draft_dir / "config.json").is_file():
-            raise MemoryPlanError(
-                f"SPEC=dflash2: DRAFT={i.draft_dir} has no config.json (the drafter is not downloaded?); "
-                "`hyperqwen prepare` with SPEC=dflash2 fetches it there, or point DRAFT at the drafter folder"
-            )
-        drafter = drafter_attention_from_config(read_config(i.draft_dir), str(i.draft_dir / "config.json"))
-        if i.term("DRAFTER_WEIGHTS") is None:
-            drafter_weights = weight_bytes(read_checkpoint_tensors(i.draft_dir), mdb).resident(
-                language_model_only=True, with_mtp=False
-            )
-
+    mdb = DTYPE_BYTES[_resolve_dtype(i.model_dtype, s.torch_dtype)]
+    drafter, drafter_weights = _drafter(i, mdb)
     kba = i.term("KERNEL_BLOCK_ALIGNMENT") or DEFAULT_KERNEL_BLOCK_ALIGNMENT
     lk = LayoutKnobs(
         i.kv_cache_dtype, i.state_dtype, i.model_dtype, i.spec_method, i.num_speculative_tokens, i.prefix_caching
     )
     layout, info = build_layout(ckpt, lk, drafter=drafter, kernel_block_alignment=kba)
     w = ckpt.weights(mdb)
+    t = _terms(i, ckpt, ckpt_source, mdb, w, drafter is not None, drafter_weights)
+    resident = t.weights.value
+    pinned = i.kv_cache_memory_bytes is not None
+    # 1-2. Context, then the startup check (request_memory).
+    free_at_start = max(gpu.free_bytes - t.context.value, 0)
+    requested = math.ceil(gpu.total_bytes * i.gpu_memory_utilization)
+    # 4-6. Profile, graphs, pool.
+    counted = resident + t.act.value + t.graphs.value
+    pool = i.kv_cache_memory_bytes if i.kv_cache_memory_bytes is not None else max(requested - counted, 0)
+    # 8. After boot: the process holds the weights, the cached activation peak, the graphs and the pool.
+    footprint = counted + t.uncounted.value + pool
+    fit_util = fraction_that_fits(max(free_at_start - t.floor.value - t.uncounted.value, 0), gpu.total_bytes)
+
+    found = _startup_findings(i, t, free_at_start, requested, counted, pool, fit_util)
+    ram_note, embed_note = _host_findings(i, host, t.embed_host_bytes, found)
+    # 7. Boot check with the pool a worse profile run could give (GPU_UTIL mode): pool - PROFILE_MARGIN.
+    check_pool = max(pool - t.margin.value, 0)
+    short = _one_request_findings(i, layout, info, check_pool, t.margin, found)
+    headroom = free_at_start - footprint
+    safe_pool = max(free_at_start - t.floor.value - counted - t.uncounted.value, 0)
+    full = headroom < t.floor.value
+    if full:
+        found.problems.append(
+            f"after boot only {format_gib(headroom)} would stay free, below the "
+            f"{format_gib(t.floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory"
+        )
+        found.hints.append(
+            f"KV_MEM={safe_pool} (largest pool that keeps the floor)"
+            if pinned
+            else f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}"
+        )
+
+    fit_check_pool = min(check_pool, max(safe_pool - t.margin.value, 0))
+    weights_fail = resident + t.load_transient.value > free_at_start
+    largest = 0 if weights_fail else min(layout.longest_request(fit_check_pool), s.max_position_embeddings)
+    note = ""
+    if largest and fit_check_pool < check_pool:
+        note = f" once KV_MEM={safe_pool}" if pinned else f" once GPU_UTIL={fit_util}"
+    if short and largest == 0:
+        found.refuse = True
+    outcome = _verdict(found.refuse, short, full)
+    resolved = {
+        **{kk: v for kk, v in info.items() if kk != "gdn_page"},
+        "kv_cache_dtype": i.kv_cache_dtype,
+        "language_model_only": i.language_model_only,
+        "ram_cache": ram_note,
+        "embed_on_host": embed_note,
+    }
+    kv_all = (
+        info["attn"] * (s.num_full_attention_layers + info["mtp_layers"]) + info["drafter_bpt"] * info["drafter_layers"]
+    )
+    page = info["gdn_page"]
+    return MemoryBudget(
+        gpu=gpu,
+        inputs=i,
+        checkpoint_source=ckpt_source,
+        resolved=resolved,
+        weights={
+            "body": w.body,
+            "vision": w.vision,
+            "mtp": w.mtp,
+            "drafter": t.drafter.value,
+            "resident": resident,
+        },
+        attn_bytes_per_token_layer=info["attn"],
+        kv_bytes_per_token=kv_all,
+        gdn_page={"conv_bytes": page.conv_bytes, "ssm_bytes": page.ssm_bytes, "bytes": page.bytes},
+        layout=layout,
+        terms=t.by_name(),
+        pool_bytes=pool,
+        max_model_len=i.max_model_len,
+        requested_bytes=requested,
+        free_at_start_bytes=free_at_start,
+        footprint_bytes=footprint,
+        outcome=outcome,
+        problems=tuple(found.problems),
+        fix_hints=tuple(dict.fromkeys(found.hints)),
+        largest_fitting_max_len=largest,
+        largest_note=note,
+        suggested_kv_mem=safe_pool,
+    )
+
+
+def _verdict(refuse: bool, short: bool, full: bool) -> Outcome:
+    """The most severe outcome found."""
+    if refuse:
+        return Outcome.REFUSES_BOOT
+    if short:
+        return Outcome.SHORTER
+    return Outcome.CARD_FULL if full else Outcome.FITS
+
+
+def _drafter(i: MemoryInputs, mdb: int) -> tuple[DrafterAttention | None, int]:
+    """A DFlash2 drafter's attention layers and weight bytes (read from DRAFT), or (None, 0) without one."""
+    if i.spec_method != "dflash2":
+        return None, 0
+    if i.draft_dir is None:
+        raise MemoryPlanError("SPEC=dflash2 needs DRAFT (the drafter directory) for its layers and weights")
+    if not (i.draft_dir / "config.json").is_file():
+        raise MemoryPlanError(
+            f"SPEC=dflash2: DRAFT={i.draft_dir} has no config.json (the drafter is not downloaded?); "
+            "`hyperqwen prepare` with SPEC=dflash2 fetches it there, or point DRAFT at the drafter folder"
+        )
+    drafter = drafter_attention_from_config(read_config(i.draft_dir), str(i.draft_dir / "config.json"))
+    if i.term("DRAFTER_WEIGHTS") is not None:
+        return drafter, 0
+    weights = weight_bytes(read_checkpoint_tensors(i.draft_dir), mdb).resident(language_model_only=True, with_mtp=False)
+    return drafter, weights
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """The budget's terms for one plan, each with where its number comes from."""
+
+    weights: Term
+    drafter: Term
+    load_transient: Term
+    context: Term
+    act: Term
+    graphs: Term
+    uncounted: Term
+    margin: Term
+    floor: Term
+    embed_host_bytes: int
+
+    def by_name(self) -> dict[str, Term]:
+        return {
+            "weights": self.weights,
+            "drafter_weights": self.drafter,
+            "load_transient": self.load_transient,
+            "cuda_context": self.context,
+            "activation_peak": self.act,
+            "cuda_graphs": self.graphs,
+            "uncounted_graphs": self.uncounted,
+            "profile_margin": self.margin,
+            "headroom_floor": self.floor,
+        }
+
+
+def _knob_term(i: MemoryInputs, name: str, fallback: Term) -> Term:
+    """A term from its knob: the default carries its measurement (knobs.py details), a set value says so."""
+    value = i.term(name)
+    if value is None:
+        return fallback
+    knob = KNOBS_BY_NAME.get(name)
+    if knob is not None and knob.default == value:
+        return Term(value, " ".join(knob.details) or knob.doc)
+    return Term(value, f"{name}={value:,} B (set)")
+
+
+def _terms(
+    i: MemoryInputs,
+    ckpt: Checkpoint,
+    ckpt_source: str,
+    mdb: int,
+    w: WeightBytes,
+    has_drafter: bool,
+    drafter_weights: int,
+) -> _Terms:
+    """Each term of the budget: the knob's value when set, else the estimate and where it comes from."""
+    s = ckpt.shape
     with_mtp = i.spec_method in MTP_SPEC_METHODS
-    k = i.num_speculative_tokens
-
-    def term(name: str, fallback: Term) -> Term:
-        """A term from its knob: the default carries its measurement (knobs.py details), a set value says so."""
-        value = i.term(name)
-        if value is None:
-            return fallback
-        knob = KNOBS_BY_NAME.get(name)
-        if knob is not None and knob.default == value:
-            return Term(value, " ".join(knob.details) or knob.doc)
-        return Term(value, f"{name}={value:,} B (set)")
-
-    drafter_term = term(
+    drafter_term = _knob_term(
+        i,
         "DRAFTER_WEIGHTS",
         Term(
             w.mtp if with_mtp else drafter_weights,
-            "mtp.* tensor headers" if with_mtp else ("drafter safetensors headers" if drafter else "no drafter"),
+            "mtp.* tensor headers" if with_mtp else ("drafter safetensors headers" if has_drafter else "no drafter"),
         ),
     )
-    weights = term(
+    weights = _knob_term(
+        i,
         "WEIGHTS",
         Term(
             w.resident(language_model_only=i.language_model_only, with_mtp=False)
@@ -634,15 +776,15 @@ def plan_inputs(
             weights.value - embed_host_bytes,
             f"{weights.source}, less embed_tokens ({format_gib(embed_host_bytes)}) in host memory (EMBED_ON_HOST)",
         )
-    resident = weights.value
     # MTP: the drafter first builds its own embed_tokens and lm_head in the model dtype, then swaps in the
     # target's (vLLM log 'Sharing target model ... weights with the draft model'): a load-time transient.
     load_transient = Term(
         2 * s.vocab_size * s.hidden_size * mdb if with_mtp else 0,
         "MTP drafter's own embed_tokens + lm_head before it shares the target's",
     )
-    context = term("CUDA_CONTEXT", Term(0, "CUDA_CONTEXT"))
-    act = term(
+    context = _knob_term(i, "CUDA_CONTEXT", Term(0, "CUDA_CONTEXT"))
+    act = _knob_term(
+        i,
         "ACTIVATION_PEAK",
         activation_peak_estimate(
             s.hidden_size,
@@ -651,15 +793,19 @@ def plan_inputs(
             mdb,
             i.max_num_batched_tokens,
             i.max_num_seqs,
-            k,
+            i.num_speculative_tokens,
             mtp=with_mtp,
         ),
     )
-    graphs = term(
+    graphs = _knob_term(
+        i,
         "CUDA_GRAPHS",
-        cuda_graphs_estimate(default_cudagraph_capture_sizes(i.max_num_seqs, k, i.max_num_batched_tokens)),
+        cuda_graphs_estimate(
+            default_cudagraph_capture_sizes(i.max_num_seqs, i.num_speculative_tokens, i.max_num_batched_tokens)
+        ),
     )
-    uncounted = term(
+    uncounted = _knob_term(
+        i,
         "UNCOUNTED_GRAPHS",
         Term(
             int(1.9 * GiB),
@@ -668,16 +814,17 @@ def plan_inputs(
         if i.spec_method == "dflash2"
         else Term(0, "vLLM's profiler counts the graphs of this path"),
     )
-    pinned = i.kv_cache_memory_bytes is not None
-    if pinned:
+    if i.kv_cache_memory_bytes is not None:
         margin = Term(0, "pool pinned by KV_MEM: not sized from a profile, no margin")
     elif i.spec_method == "dflash2":
-        margin = term(
+        margin = _knob_term(
+            i,
             "PROFILE_MARGIN",
             Term(GiB, "SPEC=dflash2: its runner's profiled peak varied by ~1 GiB between starts on the 3090 reference"),
         )
     else:
-        margin = term(
+        margin = _knob_term(
+            i,
             "PROFILE_MARGIN",
             Term(
                 64 * MiB,
@@ -686,78 +833,95 @@ def plan_inputs(
                 "profiles ~0.87 GiB more once (pin KV_MEM against it)",
             ),
         )
-    floor = term("HEADROOM_FLOOR", Term(0, "HEADROOM_FLOOR"))
-    # 1-2. Context, then the startup check (request_memory).
-    free_at_start = max(gpu.free_bytes - context.value, 0)
-    util = i.gpu_memory_utilization
-    requested = math.ceil(gpu.total_bytes * util)
-    # 4-6. Profile, graphs, pool.
-    counted = resident + act.value + graphs.value
-    pool = i.kv_cache_memory_bytes if i.kv_cache_memory_bytes is not None else max(requested - counted, 0)
-    # 8. After boot: the process holds the weights, the cached activation peak, the graphs and the pool.
-    footprint = counted + uncounted.value + pool
+    floor = _knob_term(i, "HEADROOM_FLOOR", Term(0, "HEADROOM_FLOOR"))
+    return _Terms(
+        weights, drafter_term, load_transient, context, act, graphs, uncounted, margin, floor, embed_host_bytes
+    )
 
-    problems: list[str] = []
-    hints: list[str] = []
-    refuse = False
-    fit_util = fraction_that_fits(max(free_at_start - floor.value - uncounted.value, 0), gpu.total_bytes)
+
+@dataclass
+class _Findings:
+    """What the checks found: problems, ways to fix them, and whether vLLM would refuse to start."""
+
+    problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    refuse: bool = False
+
+    def add(self, problems: list[str], hints: list[str]) -> None:
+        self.refuse = self.refuse or bool(problems)
+        self.problems += problems
+        self.hints += hints
+
+
+def _startup_findings(
+    i: MemoryInputs, t: _Terms, free_at_start: int, requested: int, counted: int, pool: int, fit_util: float
+) -> _Findings:
+    """vLLM's startup check (GPU_UTIL of the card must be free), the weights' load, and a pool left at all."""
+    found = _Findings()
+    util = i.gpu_memory_utilization
+    pinned = i.kv_cache_memory_bytes is not None
+    resident = t.weights.value
     if free_at_start < requested:
-        refuse = True
+        found.refuse = True
         what = f"GPU_UTIL={util}" if not pinned else f"the startup check (GPU_UTIL={util}, applied with KV_MEM too)"
-        problems.append(
+        found.problems.append(
             f"{what} asks for {format_gib(requested)} but only {format_gib(free_at_start)} is free "
-            f"once vLLM's CUDA context ({format_gib(context.value)}) exists: vLLM refuses to start "
+            f"once vLLM's CUDA context ({format_gib(t.context.value)}) exists: vLLM refuses to start "
             "('Free memory on device ... is less than desired GPU memory utilization')"
         )
-        hints.append(f"GPU_UTIL={min(fit_util, 0.99)} (the largest the startup check accepts with the headroom floor)")
-    if resident + load_transient.value > free_at_start:
-        refuse = True
-        problems.append(
-            f"weights ({format_gib(resident)}) + load transient ({format_gib(load_transient.value)}) "
+        found.hints.append(
+            f"GPU_UTIL={min(fit_util, 0.99)} (the largest the startup check accepts with the headroom floor)"
+        )
+    if resident + t.load_transient.value > free_at_start:
+        found.refuse = True
+        found.problems.append(
+            f"weights ({format_gib(resident)}) + load transient ({format_gib(t.load_transient.value)}) "
             f"do not fit in the {format_gib(free_at_start)} free after the CUDA context: loading fails"
         )
     if pinned and counted + pool > free_at_start:
         # vLLM allocates a pinned pool as asked, after the weights and the profile: one that is larger than
         # what is left fails that allocation, so the engine never boots (not "full after boot").
-        refuse = True
-        problems.append(
+        found.refuse = True
+        found.problems.append(
             f"KV_MEM={pool:,} B ({format_gib(pool)}) does not fit beside the weights, activations and graphs "
             f"({format_gib(counted)}) in the {format_gib(free_at_start)} free after the CUDA context: "
             "vLLM fails to allocate the KV cache and does not start"
         )
     if not pinned and pool <= 0:
-        refuse = True
-        problems.append(
+        found.refuse = True
+        found.problems.append(
             f"GPU_UTIL={util} leaves no KV pool: {format_gib(requested)} requested, "
             f"{format_gib(counted)} for weights, activations and graphs"
         )
+    return found
 
-    # Host RAM for the offload tier (pinned): refused here when the host cannot hold it.
+
+def _host_findings(i: MemoryInputs, host: HostFacts | None, embed_host_bytes: int, found: _Findings) -> tuple[str, str]:
+    """Host RAM for the pinned tiers (EMBED_ON_HOST, RAM_CACHE): refused when the host cannot hold them.
+    Returns the notes shown for RAM_CACHE and EMBED_ON_HOST."""
     ram_note = "off"
     embed_note = f"{format_gib(embed_host_bytes)} pinned" if embed_host_bytes else "off (on the GPU)"
     if embed_host_bytes and host is not None:
-        embed_problems, embed_hints = pinned_host_problems(embed_host_bytes + (i.ram_cache_bytes or 0), host)
-        refuse = refuse or bool(embed_problems)
-        problems += embed_problems
-        hints += embed_hints
+        found.add(*pinned_host_problems(embed_host_bytes + (i.ram_cache_bytes or 0), host))
     if i.ram_cache_bytes:
         if host is None:
             ram_note = f"{format_gib(i.ram_cache_bytes)} (host RAM not checked)"
         else:
-            ram_problems, ram_hints = ram_cache_problems(i.ram_cache_bytes, host, i.prefix_caching)
+            found.add(*ram_cache_problems(i.ram_cache_bytes, host, i.prefix_caching))
             ram_note = f"{format_gib(i.ram_cache_bytes)} of {format_gib(host.available_bytes)} available"
-            refuse = refuse or bool(ram_problems)
-            problems += ram_problems
-            hints += ram_hints
+    return ram_note, embed_note
 
-    # 7. Boot check with the pool a worse profile run could give (GPU_UTIL mode): pool - PROFILE_MARGIN.
-    check_pool = max(pool - margin.value, 0)
+
+def _one_request_findings(
+    i: MemoryInputs, layout: PoolLayout, info: Mapping[str, Any], check_pool: int, margin: Term, found: _Findings
+) -> bool:
+    """vLLM refuses to start when the pool cannot hold one MAX_LEN request; True when that is so."""
     max_len = i.max_model_len
     short = False
     if not layout.fits_one_request(check_pool, max_len):
         short = True
         need = layout.pool_bytes_for(max_len)
-        problems.append(
+        found.problems.append(
             f"one MAX_LEN={max_len} request needs {layout.blocks_per_request(max_len)} blocks "
             f"({format_gib(need)} of KV pool incl. the null block) but the pool is "
             f"{format_gib(check_pool)} ({layout.usable_blocks(check_pool)} usable blocks"
@@ -765,107 +929,14 @@ def plan_inputs(
             + "): vLLM refuses to start ('To serve at least one request ... max_model_len')"
         )
         if info["state_dtype"] == "float32":
-            hints.append("STATE_DTYPE=float16 (halves the GDN state page)")
+            found.hints.append("STATE_DTYPE=float16 (halves the GDN state page)")
         if i.kv_cache_dtype in ("auto", "bfloat16", "float16"):
-            hints.append("KV=fp8 (halves KV bytes per token)")
-        if k > 1:
-            hints.append("fewer DRAFT_TOKENS/DFLASH_TOKENS (each adds a GDN state page per request)")
-    headroom = free_at_start - footprint
-    safe_pool = max(free_at_start - floor.value - counted - uncounted.value, 0)
-    full = headroom < floor.value
-    if full:
-        problems.append(
-            f"after boot only {format_gib(headroom)} would stay free, below the "
-            f"{format_gib(floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory"
-        )
-        hints.append(
-            f"KV_MEM={safe_pool} (largest pool that keeps the floor)"
-            if pinned
-            else f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}"
-        )
-
-    fit_check_pool = min(check_pool, max(safe_pool - margin.value, 0))
-    weights_fail = resident + load_transient.value > free_at_start
-    largest = 0 if weights_fail else min(layout.longest_request(fit_check_pool), s.max_position_embeddings)
-    note = ""
-    if largest and fit_check_pool < check_pool:
-        note = f" once KV_MEM={safe_pool}" if pinned else f" once GPU_UTIL={fit_util}"
-    if short and largest == 0:
-        refuse = True
-
-    if refuse:
-        outcome = Outcome.REFUSES_BOOT
-    elif short:
-        outcome = Outcome.SHORTER
-    elif full:
-        outcome = Outcome.CARD_FULL
-    else:
-        outcome = Outcome.FITS
-
-    resolved = {
-        **{kk: v for kk, v in info.items() if kk != "gdn_page"},
-        "kv_cache_dtype": i.kv_cache_dtype,
-        "language_model_only": i.language_model_only,
-        "ram_cache": ram_note,
-        "embed_on_host": embed_note,
-    }
-    kv_all = (
-        info["attn"] * (s.num_full_attention_layers + info["mtp_layers"]) + info["drafter_bpt"] * info["drafter_layers"]
-    )
-    page = info["gdn_page"]
-    terms_out = {
-        "weights": weights,
-        "drafter_weights": drafter_term,
-        "load_transient": load_transient,
-        "cuda_context": context,
-        "activation_peak": act,
-        "cuda_graphs": graphs,
-        "uncounted_graphs": uncounted,
-        "profile_margin": margin,
-        "headroom_floor": floor,
-    }
-    return MemoryBudget(
-        gpu=gpu,
-        inputs=i,
-        checkpoint_source=ckpt_source,
-        resolved=resolved,
-        weights={"body": w.body, "vision": w.vision, "mtp": w.mtp, "drafter": drafter_term.value, "resident": resident},
-        attn_bytes_per_token_layer=info["attn"],
-        kv_bytes_per_token=kv_all,
-        gdn_page={"conv_bytes": page.conv_bytes, "ssm_bytes": page.ssm_bytes, "bytes": page.bytes},
-        layout=layout,
-        terms=terms_out,
-        pool_bytes=pool,
-        max_model_len=max_len,
-        requested_bytes=requested,
-        free_at_start_bytes=free_at_start,
-        footprint_bytes=footprint,
-        outcome=outcome,
-        problems=tuple(problems),
-        fix_hints=tuple(dict.fromkeys(hints)),
-        largest_fitting_max_len=largest,
-        largest_note=note,
-        suggested_kv_mem=safe_pool,
-    )
+            found.hints.append("KV=fp8 (halves KV bytes per token)")
+        if i.num_speculative_tokens > 1:
+            found.hints.append("fewer DRAFT_TOKENS/DFLASH_TOKENS (each adds a GDN state page per request)")
+    return short
 
 
 def largest_max_len_that_fits(settings: Settings, gpu: GpuFacts, **kwargs: object) -> int:
     """The largest MAX_LEN these settings fit on this card (0: none), with the headroom floor kept."""
     return plan_memory(settings, gpu, **kwargs).largest_fitting_max_len  # type: ignore[arg-type]
-
-
-__all__ = [
-    "CheckpointError",
-    "GpuFacts",
-    "LayoutKnobs",
-    "MemoryBudget",
-    "MemoryInputs",
-    "MemoryPlanError",
-    "Outcome",
-    "Term",
-    "build_layout",
-    "default_cudagraph_capture_sizes",
-    "largest_max_len_that_fits",
-    "plan_inputs",
-    "plan_memory",
-]

@@ -18,13 +18,14 @@ from pathlib import Path
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import SettingsError
 from hyperqwen.config.sizes import SizeError, parse_size
+from hyperqwen.exit_codes import Exit
 from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, Outcome, format_gib
 from hyperqwen.memory.checkpoint import CheckpointError
 from hyperqwen.memory.gpu import CARDS, GpuError, parse_gpu
 from hyperqwen.memory.host import HostFacts, read_host_facts
 from hyperqwen.memory.verdict import judge
 
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = Exit.BAD_INPUT
 
 
 def render_table(b: MemoryBudget) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hyperqwen.config.settings import Problem, Settings
 from hyperqwen.memory.checkpoint import Checkpoint, ModelShape, TensorInfo
 
 MiB = 1024**2
@@ -167,3 +168,12 @@ def rank_checkpoint(checkpoint: Checkpoint, tp: int) -> Checkpoint:
     if tp == 1:
         return checkpoint
     return Checkpoint(rank_shape(checkpoint.shape, tp), rank_tensors(checkpoint.tensors, tp))
+
+
+def check_tp(settings: Settings) -> list[Problem]:
+    """TP must divide the model's heads (read from MODEL's config.json, else the planner's bundled config)."""
+    tp = int(settings["TP"])
+    if tp == 1:
+        return []
+    heads, where = load_heads(settings.model_path)
+    return [Problem("error", message, "TP") for message in tp_problems(heads, tp, where)]

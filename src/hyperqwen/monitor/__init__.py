@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from hyperqwen.exit_codes import Exit
+
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     from hyperqwen.config.settings import SettingsError
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         for problem in exc.problems:
             print(f"hyperqwen monitor: {problem}", file=sys.stderr)
         print("hyperqwen monitor: nothing was started.", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from hyperqwen.monitor.server import run as serve
 
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             "pick another port with --port or MONITOR_PORT",
             file=sys.stderr,
         )
-        return 2
+        return Exit.BAD_INPUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,13 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.apikey import exposure_problem, read_api_key
 from hyperqwen.config.load import settings_from_args
-from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, describe_bind, is_loopback
-
-# Same meaning as in hyperqwen.launch.serve: inside the container the process listens on all interfaces of its own
-# network namespace, while BIND stays the host-side publish address that the exposure check looks at.
-LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
+from hyperqwen.config.settings import KNOBS_BY_NAME, Problem, SettingsError, is_loopback, listen_host
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     settings = settings_from_args(args, environ)
     api_key = read_api_key(settings)
     bind = args.bind or settings["BIND"]
-    listen_host = args.bind or environ.get(LISTEN_HOST_ENV) or bind
+    listen = args.bind or listen_host(environ, bind)
     # A flag, when given, is checked against the same schema entry as its knob.
     flags = {
         "MONITOR_PORT": ("--port", args.port),
@@ -91,19 +87,9 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     ] or [check_upstream("")]
     upstream = upstreams[0]
     exposed = not is_loopback(bind)
-    if exposed and not api_key:
-        raise SettingsError(
-            [
-                Problem(
-                    "error",
-                    f"BIND={describe_bind(bind)} exposes the monitor beyond this machine, but no API key is set. Create one with\n"
-                    "    openssl rand -hex 16 > models/api_key.txt\n"
-                    f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
-                    "or keep BIND=127.0.0.1.",
-                    "BIND",
-                )
-            ]
-        )
+    problem = exposure_problem(settings, api_key, "the monitor", bind)
+    if problem is not None:
+        raise SettingsError([problem])
     if args.require_key and not api_key:
         raise SettingsError(
             [Problem("error", "--require-key needs an API key: set VLLM_API_KEY or API_KEY_FILE", "VLLM_API_KEY")]
@@ -111,7 +97,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Monitor
     return MonitorConfig(
         upstream=upstream,
         bind=bind,
-        listen_host=listen_host,
+        listen_host=listen,
         port=int(port),
         interval_s=float(interval),
         history_s=int(history),

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from hyperqwen.exit_codes import Exit
 from hyperqwen.monitor.config import MonitorConfig
 from hyperqwen.monitor.history import History
 from hyperqwen.monitor.metrics import MetricsFormatError, parse_scrape
@@ -280,4 +281,4 @@ def run(config: MonitorConfig) -> int:
         access_log=None,
         handle_signals=True,
     )
-    return 0
+    return Exit.OK

@@ -360,6 +360,15 @@ def atomic_write(path: Path, expected_size: int = 0) -> Iterator[HashingWriter]:
         raise
 
 
+def load_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a state file prepare wrote, or None when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_json_atomic(path: Path, data: Any) -> str:
     """Deterministic JSON (sorted keys, fixed indent), atomically. Returns the sha256 of the bytes."""
     payload = (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()

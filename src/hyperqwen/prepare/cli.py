@@ -13,8 +13,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hyperqwen.exit_codes import Exit
 from hyperqwen.prepare.errors import (
     EXIT_FILESYSTEM,
+    EXIT_INPUT,
     EXIT_OK,
     EXIT_SIGINT,
     EXIT_SIGTERM,
@@ -25,8 +27,8 @@ from hyperqwen.prepare.errors import (
 )
 
 EXIT_STATUSES = (
-    f"exit status: {EXIT_OK} ready; 1 a problem with a knob, the source, the hub or the token; "
-    f"2 usage; {EXIT_FILESYSTEM} the file system refused (read-only, full, no inodes, permission, "
+    f"exit status: {EXIT_OK} ready; {EXIT_INPUT} a problem with a knob, the source, the hub or the token; "
+    f"{Exit.BAD_INPUT} usage; {EXIT_FILESYSTEM} the file system refused (read-only, full, no inodes, permission, "
     f"name too long); {EXIT_SIGINT} Ctrl-C; {EXIT_SIGTERM} SIGTERM. Nothing is published half-way; "
     "a re-run continues where the last one stopped."
 )

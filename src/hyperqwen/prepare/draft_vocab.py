@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from hyperqwen.exit_codes import Exit
 from hyperqwen.prepare.errors import PrepareCheckpointError, PrepareError
 
 log = logging.getLogger("hyperqwen.prepare")
@@ -582,7 +583,7 @@ def run_recount(args: argparse.Namespace) -> int:
         write_json_atomic(args.out, result)
     except PrepareError as exc:
         log.error("%s", exc)
-        return 1
+        return Exit.FAILED
     log.info(
         "wrote %s: %d distinct ids over %d tokens; use DRAFT_VOCAB_IDS=%s",
         args.out,
@@ -590,4 +591,4 @@ def run_recount(args: argparse.Namespace) -> int:
         result["generated_tokens"],
         args.out,
     )
-    return 0
+    return Exit.OK

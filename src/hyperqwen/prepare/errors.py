@@ -15,11 +15,14 @@ import os
 import shutil
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_INPUT = 1
-EXIT_FILESYSTEM = 3
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
+from hyperqwen.exit_codes import Exit
+
+# prepare's exit statuses, from the one table (exit_codes.py).
+EXIT_OK = Exit.OK
+EXIT_INPUT = Exit.FAILED
+EXIT_FILESYSTEM = Exit.FILESYSTEM
+EXIT_SIGINT = Exit.INTERRUPTED
+EXIT_SIGTERM = Exit.TERMINATED
 
 
 class PrepareError(Exception):

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperqwen.config.keyrule import masked
 from hyperqwen.prepare.errors import PrepareError
 
 DEFAULT_MODEL_REPO = "dbirks/Qwen3.8-27B-W4A16-AutoRound"
@@ -18,7 +19,7 @@ DEFAULT_MODEL = "qwen3.8-27b"
 
 def mask_secret(value: str) -> str:
     """Whether a secret is set, and nothing of the secret itself (the same rule as `--explain`: never partially)."""
-    return "****" if value else "(unset)"
+    return masked(value)
 
 
 @dataclasses.dataclass(frozen=True)

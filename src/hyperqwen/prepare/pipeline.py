@@ -34,6 +34,7 @@ from hyperqwen.prepare.atomic import (
     exchange_dirs,
     fsync_dir,
     link_or_copy,
+    load_json_object,
     make_dirs,
     remove_tree,
     sha256_file,
@@ -68,6 +69,7 @@ from hyperqwen.prepare.errors import (
     filesystem_error,
 )
 from hyperqwen.prepare.options import PrepareOptions
+from hyperqwen.prepare.progress import ByteProgress
 from hyperqwen.prepare.quantize import QuantStats, quantize_tensor, quantized_outputs, weight_scheme
 from hyperqwen.prepare.safetensors_io import OutTensor, TensorInfo, build_header
 from hyperqwen.prepare.source import Source, acquire_source, list_files
@@ -165,14 +167,6 @@ def _identity(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _request(options: PrepareOptions) -> dict[str, Any]:
     """What the user asked for; a prepared model is reused only for the same request."""
     source = (
@@ -223,38 +217,10 @@ def list_steps(source: Source, options: PrepareOptions) -> StepList:
         if name in generated:
             continue
         if name in ckpt.headers:
-            header = ckpt.headers[name]
-            entries = []
-            for tname, info in sorted(header.tensors.items(), key=lambda kv: kv[1].begin):
-                if tname in target_set:
-                    entries.append(ShardEntry("quantize", info, quantized_outputs(info)))
-                else:
-                    entries.append(ShardEntry("copy", info, [OutTensor(tname, info.dtype, info.shape)]))
-            for entry in entries:
-                for out in entry.outputs:
-                    weight_map[out.name] = name
-                    expected[out.name] = (out.dtype, out.shape)
-                    total_size += out.nbytes
-            quantized = sorted(e.source.name for e in entries if e.action == "quantize")
-            if quantized:
-                metadata = dict(header.metadata) or {"format": "pt"}
-                tensors = [out for e in entries for out in e.outputs]
-                size = len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors)
-                recipe = _digest(
-                    [
-                        TOOL,
-                        "rewrite",
-                        name,
-                        _identity(path),
-                        quantized,
-                        weight_scheme(),
-                        options.max_rel_error,
-                        options.max_group_rel_error,
-                    ]
-                )
-                outputs.append(
-                    OutputFile(name, "rewrite", recipe, size, source=path, entries=entries, metadata=metadata)
-                )
+            rewrite, size = _shard_output(name, path, ckpt.headers[name], target_set, options, weight_map, expected)
+            total_size += size
+            if rewrite is not None:
+                outputs.append(rewrite)
                 continue
         outputs.append(
             OutputFile(name, "link", _digest([TOOL, "link", name, _identity(path)]), path.stat().st_size, source=path)
@@ -308,29 +274,54 @@ def list_steps(source: Source, options: PrepareOptions) -> StepList:
     return StepList(source, ckpt, targets, outputs, expected, _request(options), draft)
 
 
+def _shard_output(
+    name: str,
+    path: Path,
+    header: Any,
+    target_set: set[str],
+    options: PrepareOptions,
+    weight_map: dict[str, str],
+    expected: dict[str, tuple[str, tuple[int, ...]]],
+) -> tuple[OutputFile | None, int]:
+    """One source shard: its tensors go into weight_map and expected; returns the rewrite it needs (None when
+    none of its tensors is quantized: it is linked) and the bytes of its output tensors."""
+    entries = []
+    size = 0
+    for tname, info in sorted(header.tensors.items(), key=lambda kv: kv[1].begin):
+        if tname in target_set:
+            entries.append(ShardEntry("quantize", info, quantized_outputs(info)))
+        else:
+            entries.append(ShardEntry("copy", info, [OutTensor(tname, info.dtype, info.shape)]))
+    for entry in entries:
+        for out in entry.outputs:
+            weight_map[out.name] = name
+            expected[out.name] = (out.dtype, out.shape)
+            size += out.nbytes
+    quantized = sorted(e.source.name for e in entries if e.action == "quantize")
+    if quantized:
+        metadata = dict(header.metadata) or {"format": "pt"}
+        tensors = [out for e in entries for out in e.outputs]
+        file_size = len(build_header(tensors, metadata)) + sum(t.nbytes for t in tensors)
+        recipe = _digest(
+            [
+                TOOL,
+                "rewrite",
+                name,
+                _identity(path),
+                quantized,
+                weight_scheme(),
+                options.max_rel_error,
+                options.max_group_rel_error,
+            ]
+        )
+        return OutputFile(name, "rewrite", recipe, file_size, source=path, entries=entries, metadata=metadata), size
+    return None, size
+
+
 # --- producing files ----------------------------------------------------------------------------------
 
 
-class _Progress:
-    """tqdm over bytes when wanted; a no-op otherwise."""
-
-    def __init__(self, total: int, enabled: bool, desc: str) -> None:
-        self.bar = None
-        if enabled and total:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, leave=False)
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _copy_range(handle, start: int, nbytes: int, write, progress: _Progress, buf: bytearray) -> None:
+def _copy_range(handle, start: int, nbytes: int, write, progress: ByteProgress, buf: bytearray) -> None:
     handle.seek(start)
     view = memoryview(buf)
     left = nbytes
@@ -350,7 +341,7 @@ def write_rewritten_shard(spec: OutputFile, target: Path, options: PrepareOption
     tensors = [out for e in spec.entries for out in e.outputs]
     header = build_header(tensors, spec.metadata)
     errors: dict[str, float] = {}
-    progress = _Progress(sum(e.source.nbytes for e in spec.entries), options.show_progress, spec.path)
+    progress = ByteProgress(sum(e.source.nbytes for e in spec.entries), options.show_progress, spec.path, leave=False)
     buf = bytearray(COPY_CHUNK)
     try:
         with open(spec.source, "rb") as handle, atomic_write(target, spec.size) as out:
@@ -491,7 +482,7 @@ def _preflight(steps: StepList, paths: StatePaths, done: set[str], reusable: set
 
 
 def _noop_if_current(options: PrepareOptions, paths: StatePaths, cache: dict[str, list]) -> Result | None:
-    manifest = _load_json(paths.output / MANIFEST_NAME)
+    manifest = load_json_object(paths.output / MANIFEST_NAME)
     if not manifest or manifest.get("format") != FORMAT_VERSION or manifest.get("tool") != TOOL:
         return None
     if manifest.get("request") != _request(options):
@@ -541,7 +532,7 @@ def _prepare(options: PrepareOptions) -> Result:
     # Nothing to do needs no lock and no write, so it also works on a read-only models volume. The check only
     # reads, and answers "up to date" only when every published file matches the manifest; a publish by
     # another prepare swaps the whole directory in one rename, so the check sees the old or the new model.
-    verified_cache = _load_json(paths.verified) or {}
+    verified_cache = load_json_object(paths.verified) or {}
     before = json.dumps(verified_cache, sort_keys=True)
     if not any(p.exists() for p in (paths.staging, paths.old, paths.progress)):
         noop = _noop_if_current(options, paths, verified_cache)
@@ -555,7 +546,7 @@ def _prepare(options: PrepareOptions) -> Result:
             return noop
     with _locked(paths):
         _recover_publish(paths)
-        verified_cache = _load_json(paths.verified) or {}
+        verified_cache = load_json_object(paths.verified) or {}
         noop = _noop_if_current(options, paths, verified_cache)
         if noop is not None:
             _cleanup_leftovers(paths)
@@ -577,7 +568,7 @@ def _prepare(options: PrepareOptions) -> Result:
 
 def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified_cache: dict[str, list]) -> Result:
     fingerprint = steps.fingerprint
-    progress = _load_json(paths.progress)
+    progress = load_json_object(paths.progress)
     if not progress or progress.get("fingerprint") != fingerprint or not paths.staging.is_dir():
         remove_tree(paths.staging)
         make_dirs(paths.staging)
@@ -593,7 +584,7 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
         if entry and entry["recipe"] == out.recipe and target.is_file() and target.stat().st_size == out.size:
             done.add(out.path)
 
-    old_manifest = _load_json(paths.output / MANIFEST_NAME) or {}
+    old_manifest = load_json_object(paths.output / MANIFEST_NAME) or {}
     old_files: dict[str, Any] = old_manifest["files"] if isinstance(old_manifest.get("files"), dict) else {}
     reusable = {
         o.path
@@ -642,6 +633,32 @@ def _build(steps: StepList, options: PrepareOptions, paths: StatePaths, verified
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _manifest(steps: StepList, progress: dict[str, Any], fingerprint: str) -> dict[str, Any]:
+    """The manifest of the prepared checkpoint: what was asked, from where, each quantized tensor's error, and
+    every file's hash (from the progress record)."""
+    quantized = {}
+    for name in steps.targets.all:
+        info = steps.checkpoint.tensor(name)
+        quantized[name] = {
+            "rel_frobenius_error": progress["quantized"][name],
+            "shape": list(info.shape),
+            "source_dtype": info.dtype,
+            "scheme": "int8 symmetric group-128 pack-quantized",
+        }
+    manifest = {
+        "format": FORMAT_VERSION,
+        "tool": TOOL,
+        "steps": list(STEPS),
+        "request": steps.request,
+        "source": steps.source.origin,
+        "fingerprint": fingerprint,
+        "quantized": quantized,
+        **({"draft_vocab": steps.draft.manifest_entry()} if steps.draft is not None else {}),
+        "files": {o.path: progress["files"][o.path] for o in sorted(steps.outputs, key=lambda o: o.path)},
+    }
+    return manifest
 
 
 def _write_outputs(
@@ -719,26 +736,7 @@ def _write_outputs(
 
     verify_checkpoint(paths.staging, steps.expected_tensors)
     crash_point("before-manifest")
-    quantized = {}
-    for name in steps.targets.all:
-        info = steps.checkpoint.tensor(name)
-        quantized[name] = {
-            "rel_frobenius_error": progress["quantized"][name],
-            "shape": list(info.shape),
-            "source_dtype": info.dtype,
-            "scheme": "int8 symmetric group-128 pack-quantized",
-        }
-    manifest = {
-        "format": FORMAT_VERSION,
-        "tool": TOOL,
-        "steps": list(STEPS),
-        "request": steps.request,
-        "source": steps.source.origin,
-        "fingerprint": fingerprint,
-        "quantized": quantized,
-        **({"draft_vocab": steps.draft.manifest_entry()} if steps.draft is not None else {}),
-        "files": {o.path: progress["files"][o.path] for o in sorted(steps.outputs, key=lambda o: o.path)},
-    }
+    manifest = _manifest(steps, progress, fingerprint)
     files: dict[str, Any] = manifest["files"]  # type: ignore[assignment]
     write_json_atomic(paths.staging / MANIFEST_NAME, manifest)
     crash_point("before-publish")

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -182,6 +182,10 @@ def _numba_kernels():
     except ImportError:
         return None
 
+    return _group_amax_kernel(numba), _quantize_rows_kernel(numba), _quantize_bf16_rows_kernel(numba)
+
+
+def _group_amax_kernel(numba: Any) -> Any:
     @numba.njit(cache=True, nogil=True)
     def group_amax(wg):  # pragma: no cover - compiled
         rows, groups, size = wg.shape
@@ -196,6 +200,10 @@ def _numba_kernels():
                 out[i, g] = m
         return out
 
+    return group_amax
+
+
+def _quantize_rows_kernel(numba: Any) -> Any:
     @numba.njit(cache=True, nogil=True)
     def quantize_rows(
         wg, inv_scale, scale, amax, out_u8, err_rows, ref_rows, rest_err, rest_ref
@@ -234,6 +242,10 @@ def _numba_kernels():
             err_rows[i] = e
             ref_rows[i] = r
 
+    return quantize_rows
+
+
+def _quantize_bf16_rows_kernel(numba: Any) -> Any:
     # One pass per 128-group for bfloat16 input, straight from the file's bytes: widen to float32, find the
     # group's largest magnitude, round its scale up to the next bfloat16 (the same bits as scales_from_amax),
     # quantize, and sum the errors, all while the row sits in L1. Reassociation lets LLVM vectorize the sums
@@ -321,7 +333,7 @@ def _numba_kernels():
             err_rows[i] = e
             ref_rows[i] = r
 
-    return group_amax, quantize_rows, quantize_bf16_rows
+    return quantize_bf16_rows
 
 
 _KERNELS: list = []

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -25,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hyperqwen.prepare.atomic import crash_point, fsync_dir, make_dirs, sha256_file, write_json_atomic
+from hyperqwen.prepare.atomic import crash_point, fsync_dir, load_json_object, make_dirs, sha256_file, write_json_atomic
 from hyperqwen.prepare.checkpoint import FIX_DOWNLOAD, FIX_LOCAL, FIX_OUTPUT
 from hyperqwen.prepare.errors import DiskSpaceError, SourceError
 from hyperqwen.prepare.options import PrepareOptions, mask_secret
+from hyperqwen.prepare.progress import ByteProgress
 
 log = logging.getLogger("hyperqwen.prepare")
 
@@ -73,7 +73,7 @@ class Source:
 
     def hash_cache(self) -> dict[str, list]:
         """sha256 of source files verified at download, by path: [size, mtime_ns, sha256]."""
-        return _load_json(self.directory / HASH_CACHE) or {}
+        return load_json_object(self.directory / HASH_CACHE) or {}
 
 
 class HubUnreachableError(SourceError):
@@ -205,14 +205,6 @@ def _remote_files(options: PrepareOptions) -> tuple[str, list[RemoteFile]]:
     return info.sha or options.revision, files
 
 
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def git_blob_sha1(path: Path) -> str:
     """The id git gives a file's content (what the hub lists as blob id for non-LFS files)."""
     digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
@@ -252,23 +244,6 @@ def part_path(directory: Path, remote: RemoteFile) -> Path:
     return dest.with_name(f".{dest.name}.{remote.key}{PART_SUFFIX}")
 
 
-class _Bar:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar = None
-        if enabled and total:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="download")
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def _transport_errors() -> tuple[type[BaseException], ...]:
     try:
         import httpx2 as httpx  # what huggingface_hub 2.x uses
@@ -279,7 +254,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return (httpx.TransportError,)
 
 
-def download_file(remote: RemoteFile, directory: Path, commit: str, options: PrepareOptions, bar: _Bar) -> str:
+def download_file(remote: RemoteFile, directory: Path, commit: str, options: PrepareOptions, bar: ByteProgress) -> str:
     """Fetch one file into `directory`, continuing its partial file; returns its sha256.
 
     Order on disk: bytes appended to the partial file -> fsync -> size and hash checked against the hub ->
@@ -372,6 +347,15 @@ def download_file(remote: RemoteFile, directory: Path, commit: str, options: Pre
         handle.flush()
         crash_point(f"download-before-fsync:{remote.path}")
         os.fsync(handle.fileno())
+    digest = _verified_digest(remote, part, have, sha256, blob)
+    os.replace(part, dest)
+    fsync_dir(dest.parent)
+    return digest
+
+
+def _verified_digest(remote: RemoteFile, part: Path, have: int, sha256: Any, blob: Any) -> str:
+    """The downloaded file's sha256 once its size, sha256 and git blob id match the hub's metadata; a file
+    that does not match is deleted (never continued) and refused."""
     digest = sha256.hexdigest()
     problem = None
     if remote.size is not None and have != remote.size:
@@ -386,8 +370,6 @@ def download_file(remote: RemoteFile, directory: Path, commit: str, options: Pre
             f"the download of {remote.path} does not match the hub's metadata ({problem}); the bad copy was deleted",
             fix="run prepare again: it fetches the file again; if this repeats, a proxy or the hub serves corrupt data",
         )
-    os.replace(part, dest)
-    fsync_dir(dest.parent)
     return digest
 
 
@@ -406,7 +388,7 @@ def _remove_partials(directory: Path) -> None:
 def _verify_earlier(directory: Path, marker: dict[str, Any], options: PrepareOptions, why: str) -> None:
     """Without the hub: the earlier download's files must still match what the hub said when it was made."""
     files = marker.get("files") or {}
-    cache = _load_json(directory / HASH_CACHE) or {}
+    cache = load_json_object(directory / HASH_CACHE) or {}
     problems = []
     for path, meta in sorted(files.items()):
         remote = RemoteFile(path, meta.get("size"), meta.get("sha256"), meta.get("blob_id"))
@@ -422,9 +404,59 @@ def _verify_earlier(directory: Path, marker: dict[str, Any], options: PrepareOpt
         )
 
 
+def _download(
+    needed: list[RemoteFile],
+    files: list[RemoteFile],
+    directory: Path,
+    commit: str,
+    cache: dict,
+    options: PrepareOptions,
+) -> None:
+    """Fetch the `needed` files of `files` (after a disk-space check), recording each one's hash in `cache`."""
+    missing = sum(max(0, (r.size or 0) - _size_or_zero(part_path(directory, r))) for r in needed)
+    # The requantized copy comes later (its exact size is known once headers are local): reserve a share of
+    # the download for it now, so a full disk shows up before hours of downloading rather than after.
+    # For Qwen3.8-27B W4A16 the rewritten shards (int8 lm_head, MTP, optionally embed_tokens) are ~3 GB of ~20.
+    total = sum(remote.size or 0 for remote in files)
+    reserve = int(total * REQUANTIZED_SHARE)
+    free = shutil.disk_usage(directory).free
+    if options.check_disk_space and missing + reserve > free:
+        raise DiskSpaceError(
+            f"the download needs {missing / 2**30:.2f} GiB more in {directory} plus ~{reserve / 2**30:.2f} GiB "
+            f"for the requantized copy; only {free / 2**30:.2f} GiB free",
+            fix="free space on the models volume or point MODELS_DIR at a larger disk",
+        )
+    log.info(
+        "downloading %d file(s), %.2f GiB, of %s@%s (commit %s) into %s",
+        len(needed),
+        missing / 2**30,
+        options.repo_id,
+        options.revision,
+        commit,
+        directory,
+    )
+    bar = ByteProgress(sum(r.size or 0 for r in needed), options.show_progress, "download")
+    try:
+        for remote in needed:
+            digest = download_file(remote, directory, commit, options, bar)
+            stat = (directory / remote.path).stat()
+            cache[remote.path] = [stat.st_size, stat.st_mtime_ns, digest]
+            write_json_atomic(directory / HASH_CACHE, cache)
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - hub answers (401/403/404...) raised mid-download
+        from huggingface_hub.errors import HfHubHTTPError
+
+        if isinstance(exc, HfHubHTTPError):
+            raise _hub_error(exc, options) from None
+        raise
+    finally:
+        bar.close()
+
+
 def hub_source(options: PrepareOptions) -> Source:
     directory = options.source_download_dir
-    marker = _load_json(directory / COMPLETE_MARKER)
+    marker = load_json_object(directory / COMPLETE_MARKER)
     origin: dict[str, Any] = {"kind": "hub", "repo": options.repo_id, "revision": options.revision}
 
     def complete_for(revision_or_commit: str) -> bool:
@@ -468,7 +500,7 @@ def hub_source(options: PrepareOptions) -> Source:
         )
 
     make_dirs(directory)
-    cache = _load_json(directory / HASH_CACHE) or {}
+    cache = load_json_object(directory / HASH_CACHE) or {}
     needed: list[RemoteFile] = []
     for remote in files:
         problem = check_local_file(directory, remote, cache)
@@ -480,49 +512,11 @@ def hub_source(options: PrepareOptions) -> Source:
         elif marker is not None and complete_for(commit):
             log.warning("%s: missing from the earlier download; fetching it again", remote.path)
         needed.append(remote)
-    if cache != (_load_json(directory / HASH_CACHE) or {}):
+    if cache != (load_json_object(directory / HASH_CACHE) or {}):
         write_json_atomic(directory / HASH_CACHE, cache)
 
     if needed:
-        missing = sum(max(0, (r.size or 0) - _size_or_zero(part_path(directory, r))) for r in needed)
-        # The requantized copy comes later (its exact size is known once headers are local): reserve a share of
-        # the download for it now, so a full disk shows up before hours of downloading rather than after.
-        # For Qwen3.8-27B W4A16 the rewritten shards (int8 lm_head, MTP, optionally embed_tokens) are ~3 GB of ~20.
-        total = sum(remote.size or 0 for remote in files)
-        reserve = int(total * REQUANTIZED_SHARE)
-        free = shutil.disk_usage(directory).free
-        if options.check_disk_space and missing + reserve > free:
-            raise DiskSpaceError(
-                f"the download needs {missing / 2**30:.2f} GiB more in {directory} plus ~{reserve / 2**30:.2f} GiB "
-                f"for the requantized copy; only {free / 2**30:.2f} GiB free",
-                fix="free space on the models volume or point MODELS_DIR at a larger disk",
-            )
-        log.info(
-            "downloading %d file(s), %.2f GiB, of %s@%s (commit %s) into %s",
-            len(needed),
-            missing / 2**30,
-            options.repo_id,
-            options.revision,
-            commit,
-            directory,
-        )
-        bar = _Bar(sum(r.size or 0 for r in needed), options.show_progress)
-        try:
-            for remote in needed:
-                digest = download_file(remote, directory, commit, options, bar)
-                stat = (directory / remote.path).stat()
-                cache[remote.path] = [stat.st_size, stat.st_mtime_ns, digest]
-                write_json_atomic(directory / HASH_CACHE, cache)
-        except SourceError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - hub answers (401/403/404...) raised mid-download
-            from huggingface_hub.errors import HfHubHTTPError
-
-            if isinstance(exc, HfHubHTTPError):
-                raise _hub_error(exc, options) from None
-            raise
-        finally:
-            bar.close()
+        _download(needed, files, directory, commit, cache, options)
     crash_point("download-before-marker")
     # Every file is fsynced under its final name (download_file) before this marker says "complete".
     new_marker = {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Problem, Settings, SettingsError
+from hyperqwen.exit_codes import Exit
 from hyperqwen.memory.gpu import GpuError, GpuFacts, parse_gpu, read_gpu_facts
 from hyperqwen.replicas.compose import OVERRIDE_FILE, render_override
 from hyperqwen.replicas.gpus import Gpu, check_gpus, parse_gpu_list, read_available_gpus, replica_groups
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         print(f"hyperqwen replicas: {problem}", file=sys.stderr)
     if errors:
         print("hyperqwen replicas: nothing was written or started.", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     for note in notes:
         print(f"hyperqwen replicas: each replica: {note}", file=sys.stderr)
     if available is None and not args.no_device_check:
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     text = render_override(groups, tp=int(settings["TP"]), port=int(settings["PORT"]))
     if args.print:
         print(text, end="")
-        return 0
+        return Exit.OK
     out = Path(args.output)
     out.write_text(text)
     print(
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         f"    docker compose -f compose.yaml -f {out.name} --profile replicas up -d\n"
         f"(or put COMPOSE_FILE=compose.yaml:{out.name} in .env and use --profile replicas)"
     )
-    return 0
+    return Exit.OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

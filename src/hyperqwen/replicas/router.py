@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hyperqwen.config.apikey import read_api_key
+from hyperqwen.config.apikey import exposure_problem, read_api_key
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
-from hyperqwen.config.settings import Problem, SettingsError, describe_bind, is_loopback
+from hyperqwen.config.settings import Problem, SettingsError, listen_host
+from hyperqwen.exit_codes import Exit
 
-LISTEN_HOST_ENV = "HYPERQWEN_LISTEN_HOST"
 # Written by `hyperqwen replicas` into compose.replicas.yaml: the replicas on the compose network.
 REPLICA_URLS_ENV = "HYPERQWEN_REPLICA_URLS"
 # The router's own ports, on loopback only (inside the router's container).
@@ -203,35 +203,29 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         raw = settings["ROUTER_WORKERS"] or environ.get(REPLICA_URLS_ENV, "")
         source = "ROUTER_WORKERS" if settings["ROUTER_WORKERS"] else REPLICA_URLS_ENV
         urls, problems = parse_worker_urls(raw, source)
-        if not is_loopback(settings["BIND"]) and not api_key:
-            problems.append(
-                Problem(
-                    "error",
-                    f"BIND={describe_bind(settings['BIND'])} exposes the router beyond this machine, but "
-                    "no API key is set; create models/api_key.txt (openssl rand -hex 16) or keep "
-                    "BIND=127.0.0.1",
-                    "BIND",
-                )
-            )
+        exposed = exposure_problem(settings, api_key, "the router")
+        if exposed is not None:
+            problems.append(exposed)
         if problems:
             raise SettingsError(problems)
     except SettingsError as exc:
         for problem in exc.problems:
             print(f"hyperqwen router: {problem}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     program = shutil.which("vllm-router") or shutil.which("vllm-router", path=os.path.dirname(sys.executable))
     if program is None or importlib.util.find_spec("vllm_router") is None:
         print("hyperqwen router: the vllm-router binary is not installed (pip install vllm-router)", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     internal = int(environ.get(ROUTER_PORT_ENV) or DEFAULT_ROUTER_PORT)
     argv = router_argv(
         urls, policy=settings["ROUTER_POLICY"], port=internal, prometheus_port=internal + 1, program=program
     )
     if args.print:
         print(" ".join(argv))
-        return 0
-    listen_host = environ.get(LISTEN_HOST_ENV) or settings["BIND"]
-    config = GateConfig(listen_host, int(settings["PORT"]), f"http://127.0.0.1:{internal}", api_key)
+        return Exit.OK
+    config = GateConfig(
+        listen_host(environ, settings["BIND"]), int(settings["PORT"]), f"http://127.0.0.1:{internal}", api_key
+    )
     return serve(argv, config)
 
 
@@ -267,7 +261,7 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
             except TimeoutError:
                 pass
         await runner.cleanup()
-        return child.returncode or 0 if child.poll() is not None else 0
+        return child.returncode or 0 if child.poll() is not None else Exit.OK
 
     try:
         code = asyncio.run(main())
@@ -281,7 +275,7 @@ def serve(argv: Sequence[str], config: GateConfig) -> int:
                 child.wait()
     if child.returncode not in (0, -signal.SIGTERM) and code == 0:
         print(f"hyperqwen router: vllm-router exited with {child.returncode}", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     return code
 
 
@@ -295,7 +289,7 @@ def child_main(argv: Sequence[str]) -> int:
     if key:
         args.api_key = key
     launch_router(args)
-    return 0
+    return Exit.OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -60,11 +60,12 @@ def test_owned_options_come_from_the_schema():
                                      {"GPU_UTIL": "0.9", "MAX_SEQS": "4", "MAX_BATCHED_TOKENS": "4096"},
                                      {"SPEC": "dflash2", "DRAFT": "d"}, {"VISION": "1", "TOOLS": "0"}])
 def test_every_flag_the_builder_emits_is_refused_in_extra_args(mode, environ):
-    """Derived from the argv builder too: whatever it sets, EXTRA_ARGS cannot set again."""
+    """Whatever the argv builder sets, EXTRA_ARGS cannot set again: a knob's flag is refused when settings are
+    resolved, one of the builder's own (BUILDER_FLAGS) when the command is built."""
     argv = build_command(resolve_settings(environ, mode=mode), api_key=KEY).vllm_args
     for flag in [w for w in argv if w.startswith("--")]:
         with pytest.raises(SettingsError, match="EXTRA_ARGS: word 1"):
-            resolve_settings({**environ, "EXTRA_ARGS": f"{flag}=1"}, mode=mode)
+            build_command(resolve_settings({**environ, "EXTRA_ARGS": f"{flag}=1"}, mode=mode), api_key=KEY)
 
 
 @pytest.mark.parametrize("extra", [
@@ -152,12 +153,12 @@ def test_any_extra_args_is_valid_or_a_clean_error(args, mode):
     raw = shlex.join(args)
     try:
         settings = resolve_settings({"EXTRA_ARGS": raw}, mode=mode)
+        command = build_command(settings, api_key=KEY)  # refuses the builder's own flags (BUILDER_FLAGS)
     except SettingsError as exc:
         errors = [p for p in exc.problems if p.severity == "error"]
         assert errors and all(p.knob == "EXTRA_ARGS" for p in errors), exc.problems
         assert KEY not in str(exc) or KEY in [a.split("=", 1)[0] for a in args]
         return
-    command = build_command(settings, api_key=KEY)
     extra = command.vllm_args[len(command.vllm_args) - len(settings["EXTRA_ARGS"]):]
     owned = owned_dests()
     for word in resolve(extra):

@@ -8,7 +8,6 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from hyperqwen.config.knobs import KNOBS, KNOBS_BY_NAME, MODES
-from hyperqwen.config.names import did_you_mean, edit_distance
 from hyperqwen.config.settings import (
     COMMAND_LINE,
     DEFAULT,
@@ -19,6 +18,7 @@ from hyperqwen.config.settings import (
     profile_defaults,
     resolve_settings,
 )
+from hyperqwen.config.spelling import did_you_mean, edit_distance
 
 
 def errors_of(exc: SettingsError) -> list[str]:

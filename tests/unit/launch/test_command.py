@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from hyperqwen.config.extra_args import owned_flags
 from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KV_DTYPES
 from hyperqwen.config.settings import SettingsError, resolve_settings
-from hyperqwen.launch.command import VLLM_SERVER_MODULE, argv_value, build_command
+from hyperqwen.launch.command import BUILDER_FLAGS, VLLM_SERVER_MODULE, argv_value, build_command
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -223,3 +224,36 @@ def test_structured_output_knob_picks_backend_and_whitespace(choice, backend, co
 def test_structured_outputs_config_in_extra_args_names_the_knob():
     with pytest.raises(SettingsError, match="STRUCTURED_OUTPUT"):
         command_for({"EXTRA_ARGS": "--structured-outputs-config.backend guidance"})
+
+
+# Settings that between them turn on every branch of build_command (each choice of the knobs with choices, and
+# the optional numbers set).
+FLAG_MATRIX = [
+    {"MODE": "single"},
+    {"MODE": "batch"},
+    {"TOOLS": "false", "REASONING_PARSER": "none", "PREFIX_CACHE": "0", "VISION": "true", "THINKING": "1"},
+    {"SPEC": "ngram", "TP": "2", "SCALE_OUT": "1", "TEMPERATURE": "0.6", "EMBED_ON_HOST": "1"},
+    {"SPEC": "mtp+lookup", "MAX_SEQS": "4", "MAX_BATCHED_TOKENS": "4096", "GPU_UTIL": "0.9", "RAM_CACHE": "8G"},
+    {"SPEC": "dflash2", "DRAFT": "drafter", "KV_MEM": "4G"},
+]
+
+
+@pytest.mark.parametrize("environ", FLAG_MATRIX, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
+def test_every_flag_the_builder_emits_is_a_knobs_or_declared(environ):
+    """EXTRA_ARGS ownership is checked against knobs' maps_to plus BUILDER_FLAGS: together they must cover
+    every flag build_command emits, or EXTRA_ARGS could silently override one."""
+    environ = dict(environ)
+    mode = environ.pop("MODE", "single")
+    argv = command_for(environ, mode=mode, api_key=KEY).vllm_args
+    declared = set(owned_flags()) | set(BUILDER_FLAGS)
+    assert sorted({w.split("=", 1)[0] for w in argv if w.startswith("--")} - declared) == []
+
+
+@pytest.mark.parametrize("flag", BUILDER_FLAGS)
+def test_extra_args_cannot_override_a_builder_flag(flag):
+    value = {"--tool-strict-level": " auto"}.get(flag, "")
+    for spelling in (flag, "--" + flag[2:].replace("-", "_"), flag[:-2]):
+        with pytest.raises(SettingsError) as caught:
+            command_for({"EXTRA_ARGS": spelling + value}, api_key=KEY)
+        (problem,) = caught.value.problems
+        assert problem.knob == "EXTRA_ARGS" and "is set by HyperQwen's own command line" in problem.message

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import stat
 
-from hyperqwen.bench import serverside
 from hyperqwen.config.load import load_settings
+from hyperqwen.launch import serverside
 
 
 def test_platform_kind_detects_wsl2():
