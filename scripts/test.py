@@ -51,8 +51,10 @@ def run(*argv: str | os.PathLike) -> None:
 def pip(*args: str, venv: Path = VENV) -> None:
     # --isolated: ignore this machine's pip configuration (it points at a local +cpu torch wheel that
     # PyPI's torchvision cannot import beside); everything comes from PyPI as on any fresh machine.
+    # --no-cache-dir: the venvs hold ~20 GB between them; a wheel cache beside them doubles the torch-sized part
+    # on a CI runner whose disk has run out before (pip: "No space left on device" while installing torch).
     run(venv / "bin" / "python", "-m", "pip", "install", "--isolated", "--disable-pip-version-check",
-        "--progress-bar", "off", *args)
+        "--no-cache-dir", "--progress-bar", "off", *args)
 
 
 def install_fingerprint() -> str:

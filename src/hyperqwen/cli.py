@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hyperqwen import __version__
+from hyperqwen.exit_codes import Exit
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         build_parser().print_help()
-        return 2
+        return Exit.BAD_INPUT
     only = argv[0] if argv[0] in COMMANDS else None
     try:
         args = build_parser(only).parse_args(argv)

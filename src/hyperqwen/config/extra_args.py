@@ -502,3 +502,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def argv_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in a vLLM argv (`--flag=value` or `--flag value`), the last one winning; else None."""
+    found = None
+    for i, word in enumerate(args):
+        if word.startswith(flag + "="):
+            found = word[len(flag) + 1 :]
+        elif word == flag and i + 1 < len(args):
+            found = args[i + 1]
+    return found

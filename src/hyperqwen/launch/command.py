@@ -17,6 +17,7 @@ from pathlib import PurePath
 from typing import Any
 
 from hyperqwen.config.apikey import exposure_problem, shown_in_clear
+from hyperqwen.config.extra_args import argv_value as argv_value  # re-exported: the argv's reader lives in config/
 from hyperqwen.config.extra_args import builder_overrides
 from hyperqwen.config.keyrule import MASK
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB, STRUCTURED_OUTPUT_CONFIGS
@@ -36,17 +37,6 @@ def option(flag: str, value: object) -> str:
     that looks like an option (`--x.y`, `-h`) can never become one or swallow the next word, as `--flag value`
     lets it (FlexibleArgumentParser rewrites a word `--name.key` into JSON for --name and takes the next word)."""
     return f"{flag}={value}"
-
-
-def argv_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in a vLLM argv (`--flag=value` or `--flag value`), the last one winning; else None."""
-    found = None
-    for i, word in enumerate(args):
-        if word.startswith(flag + "="):
-            found = word[len(flag) + 1 :]
-        elif word == flag and i + 1 < len(args):
-            found = args[i + 1]
-    return found
 
 
 @dataclass(frozen=True)

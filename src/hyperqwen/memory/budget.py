@@ -736,7 +736,7 @@ def _knob_term(i: MemoryInputs, name: str, fallback: Term) -> Term:
     return Term(value, f"{name}={value:,} B (set)")
 
 
-def _terms(
+def _weight_terms(
     i: MemoryInputs,
     ckpt: Checkpoint,
     ckpt_source: str,
@@ -744,9 +744,8 @@ def _terms(
     w: WeightBytes,
     has_drafter: bool,
     drafter_weights: int,
-) -> _Terms:
-    """Each term of the budget: the knob's value when set, else the estimate and where it comes from."""
-    s = ckpt.shape
+) -> tuple[Term, Term]:
+    """The drafter's weights and all resident weights (drafter included, EMBED_ON_HOST's table left out)."""
     with_mtp = i.spec_method in MTP_SPEC_METHODS
     drafter_term = _knob_term(
         i,
@@ -776,6 +775,22 @@ def _terms(
             weights.value - embed_host_bytes,
             f"{weights.source}, less embed_tokens ({format_gib(embed_host_bytes)}) in host memory (EMBED_ON_HOST)",
         )
+    return drafter_term, weights
+
+
+def _terms(
+    i: MemoryInputs,
+    ckpt: Checkpoint,
+    ckpt_source: str,
+    mdb: int,
+    w: WeightBytes,
+    has_drafter: bool,
+    drafter_weights: int,
+) -> _Terms:
+    """Each term of the budget: the knob's value when set, else the estimate and where it comes from."""
+    s = ckpt.shape
+    with_mtp = i.spec_method in MTP_SPEC_METHODS
+    drafter_term, weights = _weight_terms(i, ckpt, ckpt_source, mdb, w, has_drafter, drafter_weights)
     # MTP: the drafter first builds its own embed_tokens and lm_head in the model dtype, then swaps in the
     # target's (vLLM log 'Sharing target model ... weights with the draft model'): a load-time transient.
     load_transient = Term(
@@ -835,7 +850,16 @@ def _terms(
         )
     floor = _knob_term(i, "HEADROOM_FLOOR", Term(0, "HEADROOM_FLOOR"))
     return _Terms(
-        weights, drafter_term, load_transient, context, act, graphs, uncounted, margin, floor, embed_host_bytes
+        weights,
+        drafter_term,
+        load_transient,
+        context,
+        act,
+        graphs,
+        uncounted,
+        margin,
+        floor,
+        ckpt.embedding_bytes(mdb) if i.embed_on_host else 0,
     )
 
 

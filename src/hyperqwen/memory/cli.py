@@ -28,14 +28,21 @@ from hyperqwen.memory.verdict import judge
 EXIT_BAD_INPUT = Exit.BAD_INPUT
 
 
+def row(label: str, value: str, note: str = "") -> str:
+    return f"  {label:<34} {value:>16}  {note}"
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
 def render_table(b: MemoryBudget) -> str:
-    def row(label: str, value: str, note: str = "") -> str:
-        return f"  {label:<34} {value:>16}  {note}"
+    """The whole plan (`--verbose`): vLLM's start in order, the KV cache arithmetic, the result."""
+    return "\n".join([*_start_rows(b), *_kv_rows(b), *_result_rows(b)])
 
-    def mib(n: int) -> str:
-        return f"{n / 2**20:,.0f} MiB"
 
-    i, r, lay = b.inputs, b.resolved, b.layout
+def _start_rows(b: MemoryBudget) -> list[str]:
+    i, r = b.inputs, b.resolved
     lines = [
         f"Memory plan: {b.gpu.name} (total {format_gib(b.gpu.total_bytes)}, free {format_gib(b.gpu.free_bytes)}; "
         f"{b.gpu.source})",
@@ -89,7 +96,12 @@ def render_table(b: MemoryBudget) -> str:
     )
     lines.append(row("RAM cache (host, pinned)", str(r["ram_cache"]), "RAM_CACHE -> --kv-offloading-size"))
     lines.append(row("embed_tokens in host RAM", str(r["embed_on_host"]), "EMBED_ON_HOST -> --cpu-offload-params"))
-    lines += ["", "KV cache (vLLM 0.32.0 arithmetic):"]
+    return lines
+
+
+def _kv_rows(b: MemoryBudget) -> list[str]:
+    lay = b.layout
+    lines = ["", "KV cache (vLLM 0.32.0 arithmetic):"]
     lines.append(row("KV bytes / token / attn layer", f"{b.attn_bytes_per_token_layer:,} B"))
     lines.append(row("KV bytes / token (all layers)", f"{b.kv_bytes_per_token:,} B"))
     lines.append(
@@ -114,7 +126,12 @@ def render_table(b: MemoryBudget) -> str:
         )
     )
     lines.append(row("state pages / request / group", str(lay.state_blocks_per_group)))
-    lines += ["", "Result:"]
+    return lines
+
+
+def _result_rows(b: MemoryBudget) -> list[str]:
+    i = b.inputs
+    lines = ["", "Result:"]
     lines.append(row("MAX_LEN", f"{b.max_model_len:,}", "the context a request may use (--max-model-len)"))
     lines.append(
         row("pool tokens (vLLM's log line)", f"{b.pool_tokens:,}", "vLLM's 'GPU KV cache size': concurrency x MAX_LEN")
@@ -136,7 +153,7 @@ def render_table(b: MemoryBudget) -> str:
     lines.append(f"{b.outcome.value.upper()} (exit {b.outcome.exit_code})")
     if not b.fits:
         lines.append(b.explain_failure())
-    return "\n".join(lines)
+    return lines
 
 
 def one_change(b: MemoryBudget) -> str:

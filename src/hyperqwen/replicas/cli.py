@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         problems, groups, notes = list(exc.problems), [], ()
     except GpuError as exc:
         print(f"hyperqwen replicas: --gpu: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     errors = [p for p in problems if p.severity == "error"]
     for problem in problems:
         print(f"hyperqwen replicas: {problem}", file=sys.stderr)

@@ -49,7 +49,7 @@ SUITS: dict[str, str] = {
 
 def _arg(args: Sequence[str], flag: str) -> str | None:
     """The value of `flag` in the vLLM argv, or None."""
-    from hyperqwen.launch.command import argv_value
+    from hyperqwen.config.extra_args import argv_value
 
     return argv_value(args, flag)
 

@@ -246,7 +246,8 @@ def test_every_flag_the_builder_emits_is_a_knobs_or_declared(environ):
     mode = environ.pop("MODE", "single")
     argv = command_for(environ, mode=mode, api_key=KEY).vllm_args
     declared = set(owned_flags()) | set(BUILDER_FLAGS)
-    assert sorted({w.split("=", 1)[0] for w in argv if w.startswith("--")} - declared) == []
+    # A dotted flag (--structured-outputs-config.backend) is its base flag's, as vLLM's parser merges it.
+    assert sorted({w.split("=", 1)[0].split(".", 1)[0] for w in argv if w.startswith("--")} - declared) == []
 
 
 @pytest.mark.parametrize("flag", BUILDER_FLAGS)
