@@ -37,8 +37,11 @@ PATTERNS = {
     # vllm/v1/engine/core.py: "init engine (profile, create kv cache, warmup model) took %.2f s ..."
     "init": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
                        r"(?: \(compilation: ([\d.]+) s)?"),
-    # vllm/compilation/monitor.py: "Initial profiling/warmup run took %.2f s"
+    # vllm/compilation/monitor.py: "Initial profiling/warmup run took %.2f s" (once per compiled model: the
+    # target's backbone, then a drafter's head)
     "first_profile_run": re.compile(r"Initial profiling/warmup run took ([\d.]+) s"),
+    # vllm/v1/worker/gpu_worker.py: "CUDA graph pool memory: %s GiB (actual), %s GiB (estimated), ..."
+    "graph_pool": re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)"),
 }
 # A boot that failed: the last line that names the cause, as vLLM or Python printed it.
 FAILURE = re.compile(r"(Error|error|Exception|CUDA out of memory|No available memory|exceeds)")
@@ -77,8 +80,11 @@ def parse_vllm_log(text: str) -> dict:
         found["init_seconds"] = float(m[1])
         if m[2]:
             found["compile_seconds"] = float(m[2])
-    if m := last("first_profile_run"):
-        found["first_profile_run_seconds"] = float(m[1])
+    runs = [float(m[1]) for m in PATTERNS["first_profile_run"].finditer(text)]
+    if runs:
+        found["first_profile_run_seconds"] = max(runs)
+    if m := last("graph_pool"):
+        found["graph_pool_actual_gib"], found["graph_estimate_gib"] = float(m[1]), float(m[2])
     if "consumed_gib" in found and "model_loading_gib" in found:
         found["non_torch_gib"] = round(found["consumed_gib"] - found["model_loading_gib"], 2)
     return found
