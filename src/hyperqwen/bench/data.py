@@ -111,8 +111,10 @@ async def document_of_tokens(
     if target_tokens <= 0:
         raise BenchError(f"target token count must be positive, got {target_tokens}")
     full = "\n\n".join(p.text for p in paragraphs)
-    full_tokens = await counter.count(full)
-    per_char = full_tokens / max(1, len(full))
+    # Tokens per character from a sample, not the whole corpus: the server's /tokenize is bounded by its
+    # context like a prompt, and the corpus can be longer than a small server's context.
+    sample = full[:6000]
+    per_char = await counter.count(sample) / max(1, len(sample))
     chosen: list[str] = []
     used_chars = 0
     index = rotate % len(paragraphs)
