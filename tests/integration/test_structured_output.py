@@ -16,6 +16,8 @@ import anthropic
 import pydantic
 import pytest
 
+from hyperqwen.launch.command import argv_value
+
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 
 MAX_TOKENS = 200
@@ -48,8 +50,8 @@ def _check(text: str) -> dict:
 
 def test_server_passes_the_compact_grammar_by_default(smol_server):
     args = smol_server.planned_vllm_args()
-    assert "--structured-outputs-config.disable_any_whitespace" in args, args
-    assert args[args.index("--structured-outputs-config.backend") + 1] == "xgrammar", args
+    assert argv_value(args, "--structured-outputs-config.disable_any_whitespace") == "true", args
+    assert argv_value(args, "--structured-outputs-config.backend") == "xgrammar", args
 
 
 def test_chat_parse_returns_the_object_and_stops(smol_server):
