@@ -103,6 +103,9 @@ def planner_prediction(plan: dict) -> dict:
         "max_model_len": plan["max_model_len"],
         "outcome": plan["outcome"],
         "terms_bytes": {name: term["bytes"] for name, term in plan["terms"].items()},
+        # The checkpoint's resident weights as its safetensors headers give them (no calibrated term in them), so a
+        # later planner can be replayed on the lab's checkpoint whatever its own weight terms then are.
+        "header_weights_bytes": plan["weights_bytes"]["resident"],
     }
 
 

@@ -38,7 +38,8 @@ def _boot(tmp_path: Path, status: str, log: str, plan: dict | None = None) -> Pa
     (boot / "serve.log").write_text(log)
     (boot / "plan.json").write_text(json.dumps(plan or {
         "pool_bytes": 5_544_597_259, "pool_tokens": 70_933, "max_concurrency": 1.08, "max_model_len": 65536,
-        "outcome": "fits", "terms": {"weights": {"bytes": 1, "source": "x"}}}))
+        "outcome": "fits", "terms": {"weights": {"bytes": 1, "source": "x"}},
+        "weights_bytes": {"resident": 15_609_967_520}}))
     return boot
 
 

@@ -32,14 +32,12 @@ RTX3090 = GpuFacts.of_card(CARDS["rtx3090"])
 
 
 def plan_for(record: dict):
-    """The planner for the recording's card and settings, with the weights it read from the lab's checkpoint
-    headers (the synthetic checkpoint's shapes, recorded by the planner on the lab machine)."""
+    """The planner for the recording's card and settings, with the weights the planner read from the lab
+    checkpoint's headers on the lab machine (the synthetic checkpoint's shapes), plus today's load overhead."""
     assert record["emulated_card"] == "rtx3090"
     settings = resolve_settings({k: str(v) for k, v in record["set"].items()}, mode=record["mode"])
-    headers = record["planner"]["terms_bytes"]["weights"]
-    if record["planner"]["terms_bytes"]["weights"] and "CUDA_LOAD_OVERHEAD" not in record["planner"]:
-        headers += CUDA_LOAD_OVERHEAD  # recorded before the overhead was a term: the headers alone
-    return plan_memory(settings, RTX3090, checkpoint=load_bundled_checkpoint(), terms={"WEIGHTS": headers})
+    weights = record["planner"]["header_weights_bytes"] + CUDA_LOAD_OVERHEAD
+    return plan_memory(settings, RTX3090, checkpoint=load_bundled_checkpoint(), terms={"WEIGHTS": weights})
 
 
 def test_there_are_recordings():
