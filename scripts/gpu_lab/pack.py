@@ -14,22 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2] / "src")]
 
 from gpu_lab.volumes import VolumeError, write_volumes  # noqa: E402
 from gpu_lab.wheels import LockError, canonical, lab_requirements  # noqa: E402
+from hyperqwen.config.sizes import SizeError, parse_size  # noqa: E402
 
 # The lab host's interpreter (CPython 3.12 on x86-64 Linux); pip matches manylinux tags exactly.
 PYTHON_VERSION = "3.12"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 18, 24, 26, 27, 28, 29, 31, 32, 34, 35)] + ["manylinux2014_x86_64", "any"]
-
-
-def parse_size(text: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
-    for suffix, factor in units.items():
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
-    raise ValueError(f"--volume-size {text!r}: write a size such as 60MiB")
 
 
 def wheel_name(path: Path) -> str:
@@ -49,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         size = parse_size(args.volume_size)
+    except SizeError as exc:
+        print(f"pack: --volume-size {args.volume_size!r} {exc}", file=sys.stderr)
+        return 2
+    try:
         requirements = lab_requirements()
-    except (ValueError, LockError) as exc:
+    except LockError as exc:
         print(f"pack: {exc}", file=sys.stderr)
         return 2
     house = args.out / "wheelhouse"

@@ -43,6 +43,11 @@ class Launch:
     # Why GDN_PREFILL=auto chose Triton on this machine (said at start), or None.
     gdn_reason: str | None = None
 
+    @property
+    def notes(self) -> list[str]:
+        """What the start says besides the command: the memory decision's notes, then the kernel choice."""
+        return [*self.budget.notes, *filter(None, [self.gdn_reason])]
+
 
 GpuReader = Callable[[], "GpuFacts | None"]
 
@@ -138,8 +143,7 @@ def explain(launch: Launch) -> str:
         "",
         f"KV cache dtype: {launch.command.kv_cache_dtype}; max model length: {launch.command.max_model_len}",
         launch.budget.summary(),
-        *launch.budget.notes,
-        *filter(None, [launch.gdn_reason]),
+        *launch.notes,
     ]
     from hyperqwen.spec.explain import spec_lines
 
@@ -305,7 +309,7 @@ def run(
     if args.print:
         print(launch.command.shell_command())
         report(settings.warnings)
-        for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
+        for note in launch.notes:
             print(f"hyperqwen: {note}", file=sys.stderr)
         return Exit.OK
     problems = check_with_vllm_before_exec(launch)
@@ -314,7 +318,7 @@ def run(
         print("hyperqwen: nothing was started.", file=sys.stderr)
         return Exit.BAD_INPUT
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
-    for note in [*launch.budget.notes, *filter(None, [launch.gdn_reason])]:
+    for note in launch.notes:
         print(f"hyperqwen: {note}", file=sys.stderr)
     if launch.budget.outcome is BudgetOutcome.DOES_NOT_FIT:
         print("hyperqwen: starting anyway because MEMORY_CHECK=warn", file=sys.stderr)
