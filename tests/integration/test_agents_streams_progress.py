@@ -49,7 +49,11 @@ def test_default_interval_on_a_long_messages_prefill_keeps_the_pings(agents_serv
     counts = [c for _, (c, _) in progress]
     total = progress[-1][1][1]
     assert counts == sorted(set(counts)) and progress[-1][1] == (total, total) and total > 40_000
-    assert all(c % 2048 == 0 for c in counts[:-1]), counts
+    # Chunk boundaries are multiples of 2048, except that with prefix caching on a hybrid model vLLM's 'align'
+    # Mamba cache mode may end the last chunk early at a KV-block boundary (seen: 47104, 48896, 48925), so the
+    # line before the final one may be that block-aligned split inside the last 2048 tokens.
+    assert all(c % 2048 == 0 for c in counts[:-2]), counts
+    assert len(counts) < 2 or counts[-2] % 2048 == 0 or (total - 2048 < counts[-2] and counts[-2] % 16 == 0), counts
     gaps = [b - a for (a, _), (b, _) in zip(progress[:-2], progress[1:-1])]  # the final line follows the last chunk
     assert all(gap >= 0.9 for gap in gaps), gaps  # the 1 s poll, minus the client's read jitter
     assert len(progress) - 1 <= prefill_s + 1
