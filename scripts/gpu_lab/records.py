@@ -12,87 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-GiB = 1 << 30
-# vLLM 0.32.0's own log lines (file: format string), parsed as written there.
-PATTERNS = {
-    # vllm/v1/worker/gpu_model_runner.py: "Model loading took %s GiB memory and %.6f seconds"
-    "model_loading": re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"),
-    # vllm/v1/worker/gpu_worker.py: "Available KV cache memory: %s GiB"
-    "available_kv": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
-    # vllm/v1/core/kv_cache_utils.py: "%s KV cache size: %s tokens, Maximum concurrency for %s tokens ..."
-    "pool": re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
-                       r"([\d.]+)x"),
-    # vllm/v1/worker/gpu_worker.py, after graph capture: the consumed/peak/graph split of the start profile
-    "usage": re.compile(r"Actual usage is ([\d.]+) GiB for consumed memory \(weights \+ non-torch\), ([\d.]+) GiB "
-                        r"for peak activation, and ([\d.]+) GiB for CUDAGraph memory"),
-    "requested": re.compile(r"Desired GPU memory utilization is \(([\d.]+), ([\d.]+) GiB\)"),
-    # vllm/v1/worker/gpu_model_runner.py: "Graph capturing finished in %.0f secs, took %.2f GiB"
-    "graphs": re.compile(r"Graph capturing finished in (\d+) secs, took ([\d.]+) GiB"),
-    # vllm/v1/engine/core.py: "init engine (profile, create kv cache, warmup model) took %.2f s ..."
-    "init": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
-                       r"(?: \(compilation: ([\d.]+) s)?"),
-    # vllm/compilation/monitor.py: "Initial profiling/warmup run took %.2f s" (once per compiled model: the
-    # target's backbone, then a drafter's head)
-    "first_profile_run": re.compile(r"Initial profiling/warmup run took ([\d.]+) s"),
-    # vllm/v1/worker/gpu_worker.py: "CUDA graph pool memory: %s GiB (actual), %s GiB (estimated), ..."
-    "graph_pool": re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)"),
-}
-# A boot that failed: the last line that names the cause, as vLLM or Python printed it.
-FAILURE = re.compile(r"(Error|error|Exception|CUDA out of memory|No available memory|exceeds)")
-REQUIRED = ("model_loading_gib", "available_kv_gib", "pool_tokens", "max_concurrency", "consumed_gib",
-            "peak_activation_gib", "cuda_graph_gib", "init_seconds")
+from hyperqwen.memory.calibration import failure_reason, missing_numbers, parse_vllm_log
+
+__all__ = ["RecordError", "build_record", "failure_reason", "parse_vllm_log"]
 
 
 class RecordError(ValueError):
     pass
-
-
-def parse_vllm_log(text: str) -> dict:
-    """vLLM's start numbers from its log; keys absent when the line is absent."""
-    found: dict[str, float | int] = {}
-
-    def last(name: str) -> re.Match | None:
-        matches = list(PATTERNS[name].finditer(text))
-        return matches[-1] if matches else None
-
-    if m := last("model_loading"):
-        found["model_loading_gib"], found["model_loading_seconds"] = float(m[1]), float(m[2])
-    if m := last("available_kv"):
-        found["available_kv_gib"] = float(m[1])
-    if m := last("pool"):
-        found["pool_tokens"] = int(m[1].replace(",", ""))
-        found["max_model_len"] = int(m[2].replace(",", ""))
-        found["max_concurrency"] = float(m[3])
-    if m := last("usage"):
-        found["consumed_gib"], found["peak_activation_gib"], found["cuda_graph_gib"] = map(float, m.groups())
-    if m := last("requested"):
-        found["gpu_util"], found["requested_gib"] = float(m[1]), float(m[2])
-    graphs = list(PATTERNS["graphs"].finditer(text))
-    if graphs:
-        found["graph_capture_gib"] = [float(g[2]) for g in graphs]
-    if m := last("init"):
-        found["init_seconds"] = float(m[1])
-        if m[2]:
-            found["compile_seconds"] = float(m[2])
-    runs = [float(m[1]) for m in PATTERNS["first_profile_run"].finditer(text)]
-    if runs:
-        found["first_profile_run_seconds"] = max(runs)
-    if m := last("graph_pool"):
-        found["graph_pool_actual_gib"], found["graph_estimate_gib"] = float(m[1]), float(m[2])
-    if "consumed_gib" in found and "model_loading_gib" in found:
-        found["non_torch_gib"] = round(found["consumed_gib"] - found["model_loading_gib"], 2)
-    return found
-
-
-def failure_reason(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if FAILURE.search(line) and "Warning" not in line]
-    return lines[-1][:400] if lines else "no error line in the log (timed out?)"
 
 
 def planner_prediction(plan: dict) -> dict:
@@ -134,7 +65,7 @@ def build_record(boot_dir: Path, date: str) -> dict:
         record["failure"] = meta.get("reason") or failure_reason(log)
         return record
     vllm = parse_vllm_log(log)
-    missing = [key for key in REQUIRED if key not in vllm]
+    missing = missing_numbers(vllm)
     if missing:
         raise RecordError(f"{boot_dir.name}: vLLM's log lacks {', '.join(missing)}; not recorded as truth")
     record["vllm"] = vllm

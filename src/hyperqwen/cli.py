@@ -29,6 +29,10 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "serve": Command("hyperqwen.launch.serve", "start the vLLM server for a mode (or print/explain what would start)"),
     "plan": Command("hyperqwen.memory.cli", "print the GPU memory budget (weights, KV pool, headroom)"),
+    "calibrate": Command(
+        "hyperqwen.memory.calibrate",
+        "boot a mode once on this card; keep vLLM's memory numbers beside the model for plan/serve",
+    ),
     "prepare": Command("hyperqwen.prepare.cli", "download and requantize the model into the models folder", "prepare"),
     "draft-vocab-recount": Command(
         "hyperqwen.prepare.draft_vocab",

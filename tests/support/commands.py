@@ -4,6 +4,7 @@
 TYPICAL = {
     "serve": ["serve", "--print", "--set", "SPEC=eagle"],
     "plan": ["plan", "--gpu", "rtx9999"],
+    "calibrate": ["calibrate", "--mode", "single"],
     "prepare": ["prepare"],
     "draft-vocab-recount": ["draft-vocab-recount", "--url", "http://127.0.0.1:9", "--out", "ids.json"],
     "verify": ["verify", "--server", "http://127.0.0.1:9"],

@@ -243,9 +243,31 @@ def _server_lines(environment: dict) -> list[str]:
             else f"- model: {model.get('path') or '?'} ({model.get('note') or 'no manifest'})"
         ),
     ]
+    lines.append(f"- calibration: {calibration_text(server)}")
     if environment.get("server_note"):
         lines.append(f"- **server environment unavailable**: {environment['server_note']}")
     return lines
+
+
+def calibration_text(server: dict) -> str:
+    """What `hyperqwen calibrate` measured beside the server's model: vLLM's pool against the planner's guess."""
+    calibration = server.get("calibration")
+    if not calibration:
+        return "not reported by the server"
+    if calibration.get("error"):
+        return f"unusable ({calibration['error']})"
+    rows = []
+    for m in calibration.get("measurements") or []:
+        vllm, planner = m.get("vllm") or {}, m.get("planner") or {}
+        text = (
+            f"{(m.get('gpu') or {}).get('name')} {m.get('date')} {m.get('mode')} ({m.get('compile_cache')}): "
+            f"vLLM {vllm.get('pool_tokens', 0):,} pool tokens, model loading {vllm.get('model_loading_gib')} GiB, "
+            f"peak activation {vllm.get('peak_activation_gib')} GiB"
+        )
+        if planner.get("pool_tokens") and vllm.get("pool_tokens"):
+            text += f", planner estimate {planner['pool_tokens']:,} ({planner['pool_tokens'] / vllm['pool_tokens'] - 1:+.1%})"
+        rows.append(text)
+    return "; ".join(rows) or "none (`hyperqwen calibrate` adds this card's memory numbers)"
 
 
 def paste_block(report: dict) -> str:
@@ -265,6 +287,7 @@ def paste_block(report: dict) -> str:
         f"vllm: {((server.get('live') or {}).get('vllm_version')) or env.get('vllm_version')}; "
         f"commit: {env.get('project_commit')}",
         f"knobs: {render.knobs_text(env)}",
+        f"calibration: {calibration_text(server)}",
         f"C1 decode greedy: ours {value('chat_greedy.cohorts[0].decode_tok_s.median')} tok/s, reference def. "
         f"{value('chat_greedy.cohorts[0].decode_reference_tok_s')} tok/s; tokens/verify step "
         f"{value('chat_greedy.cohorts[0].spec_decode.tokens_per_verify_step', 2)}",

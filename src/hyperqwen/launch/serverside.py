@@ -108,6 +108,18 @@ def model_facts(model_dir: Path) -> dict[str, Any]:
     return facts
 
 
+def calibration_facts(model_dir: Path) -> dict[str, Any]:
+    """What `hyperqwen calibrate` measured on cards beside this model (vLLM's numbers and the planner's guess),
+    so a field report adds the user's card to the recorded truth."""
+    from hyperqwen.memory.calibration import CALIBRATION_FILE, CalibrationError, read_calibration
+
+    try:
+        measurements = read_calibration(model_dir)
+    except CalibrationError as exc:
+        return {"file": CALIBRATION_FILE, "error": str(exc), "measurements": []}
+    return {"file": CALIBRATION_FILE, "measurements": [m.to_dict() for m in measurements]}
+
+
 def knob_facts(settings: Any) -> dict[str, str]:
     """Every knob in effect, as `Settings.display` shows it (secrets masked, never partially)."""
     return {name: settings.setting(name).display() for name in settings}
@@ -133,6 +145,7 @@ def collect_environment(settings: Any = None, model_dir: Path | None = None) -> 
         },
         "patch_series": patch_series(),
         "model": model_facts(model_dir) if model_dir is not None else None,
+        "calibration": calibration_facts(model_dir) if model_dir is not None else None,
         "mode": getattr(settings, "mode", None),
         "knobs": knob_facts(settings) if settings is not None else None,
     }

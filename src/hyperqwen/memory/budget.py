@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,6 +124,8 @@ class MemoryInputs:
     ram_cache_bytes: int | None  # RAM_CACHE -> --kv-offloading-size (pinned host RAM)
     embed_on_host: bool  # EMBED_ON_HOST -> embed_tokens in pinned host memory via UVA (patch 0065)
     terms: Mapping[str, int | None]  # TERM_KNOBS values (None: the planner's estimate) + EXTRA_TERMS
+    # Terms vLLM measured on this card (memory/calibration.py), used where the knob is unset.
+    measured: Mapping[str, Term] = field(default_factory=dict)
 
     @classmethod
     def from_settings(
@@ -304,6 +306,7 @@ class MemoryBudget:
     largest_fitting_max_len: int = 0
     largest_note: str = ""  # the other change that MAX_LEN assumes (e.g. " once GPU_UTIL=...")
     suggested_kv_mem: int = 0  # largest pool that keeps the headroom floor: what to pin KV_MEM to
+    calibration: str = ""  # one line: the measurement used (or why none was), "" without a calibration file
 
     @property
     def fits(self) -> bool:
@@ -374,7 +377,7 @@ class MemoryBudget:
             "gpu": asdict(self.gpu),
             "checkpoint": self.checkpoint_source,
             "inputs": {
-                **{k: v for k, v in asdict(i).items() if k not in ("model_dir", "draft_dir", "terms")},
+                **{k: v for k, v in asdict(i).items() if k not in ("model_dir", "draft_dir", "terms", "measured")},
                 "model_dir": str(i.model_dir),
                 "draft_dir": str(i.draft_dir) if i.draft_dir else None,
             },
@@ -416,6 +419,7 @@ class MemoryBudget:
             "largest_fitting_max_len": self.largest_fitting_max_len,
             "largest_fitting_max_len_note": self.largest_note.strip(),
             "suggested_kv_mem": self.suggested_kv_mem,
+            "calibration": self.calibration,
         }
 
 
@@ -541,6 +545,7 @@ def plan_memory(
     max_len: int | None = None,
     checkpoint: Checkpoint | None = None,
     host: HostFacts | None = None,
+    calibrated: bool = True,
 ) -> MemoryBudget:
     """Plan the card for these settings: weights, non-pool terms, KV pool, headroom, and the verdict.
 
@@ -549,6 +554,8 @@ def plan_memory(
     host: the host's RAM, to check RAM_CACHE against (None: not checked).
     With TP > 1 the card is planned for one rank: its share of the weights, KV heads and GDN state
     (memory/parallel.py, vLLM 0.32.0's per-rank split) plus NCCL's buffers on top of the CUDA context.
+    calibrated: use the terms `hyperqwen calibrate` measured for these settings on this card, when the model
+    folder holds them (one GPU only: a measurement is of one whole card).
     """
     tp = int(settings["TP"])
     if tp > 1:
@@ -560,12 +567,41 @@ def plan_memory(
         terms = dict(terms or {})
         if "CUDA_CONTEXT" not in terms:
             terms["CUDA_CONTEXT"] = int(settings["CUDA_CONTEXT"] or 0) + NCCL_BUFFERS
-    return plan_inputs(
-        MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms),
-        gpu,
-        checkpoint=checkpoint,
-        host=host,
-    )
+    inputs = MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms)
+    note = ""
+    if calibrated and tp == 1:
+        inputs, note = _with_measured_terms(inputs, gpu, settings["EXTRA_ARGS"] or "")
+    budget = plan_inputs(inputs, gpu, checkpoint=checkpoint, host=host)
+    return replace(budget, calibration=note) if note else budget
+
+
+def _with_measured_terms(i: MemoryInputs, gpu: GpuFacts, extra_args: str) -> tuple[MemoryInputs, str]:
+    """The inputs with the terms vLLM measured for them on this card (the model folder's calibration file),
+    and one line saying which measurement was used, or why none was ("" without a file)."""
+    from hyperqwen.memory.calibration import CalibrationError, find_measurement, read_calibration, settings_key
+
+    try:
+        found, note = find_measurement(read_calibration(i.model_dir), settings_key(i, extra_args), gpu)
+    except CalibrationError as exc:
+        return i, f"calibration not used: {exc}"
+    if found is None:
+        return i, note
+    said = f"measured by `hyperqwen calibrate` ({found.describe()})"
+    numbers = found.vllm
+    terms = found.terms
+    measured = {
+        "WEIGHTS": Term(terms["WEIGHTS"], f"vLLM's 'Model loading took {numbers['model_loading_gib']} GiB', {said}"),
+        "ACTIVATION_PEAK": Term(
+            terms["ACTIVATION_PEAK"],
+            f"vLLM's peak activation {numbers['peak_activation_gib']} GiB less its graph estimate, {said}",
+        ),
+        "CUDA_GRAPHS": Term(
+            terms["CUDA_GRAPHS"],
+            f"vLLM's graph estimate {numbers.get('graph_estimate_gib', 0.0)} GiB + non-torch "
+            f"{numbers.get('non_torch_gib')} GiB, {said}",
+        ),
+    }
+    return replace(i, measured=measured), note
 
 
 def plan_inputs(
@@ -729,7 +765,7 @@ def _knob_term(i: MemoryInputs, name: str, fallback: Term) -> Term:
     """A term from its knob: the default carries its measurement (knobs.py details), a set value says so."""
     value = i.term(name)
     if value is None:
-        return fallback
+        return i.measured.get(name, fallback)
     knob = KNOBS_BY_NAME.get(name)
     if knob is not None and knob.default == value:
         return Term(value, " ".join(knob.details) or knob.doc)
@@ -770,7 +806,7 @@ def _weight_terms(
     # (offloader/uva.py, reached for the embedding through patch 0065), before the weights are loaded, so its
     # bytes never count on the GPU.
     embed_host_bytes = ckpt.embedding_bytes(mdb) if i.embed_on_host else 0
-    if embed_host_bytes:
+    if embed_host_bytes and weights is not i.measured.get("WEIGHTS"):  # a measurement already lacks the table
         weights = Term(
             weights.value - embed_host_bytes,
             f"{weights.source}, less embed_tokens ({format_gib(embed_host_bytes)}) in host memory (EMBED_ON_HOST)",

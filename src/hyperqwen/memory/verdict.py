@@ -134,12 +134,14 @@ def judge(
         return MemoryVerdict(None, configured, refusals=(Problem("error", missing, "DRAFT"),))
     try:
         budget = plan_memory(settings, gpu, model_dir=model_dir, host=host)
+        # Whether the planner used terms `hyperqwen calibrate` measured on this card, said by every command.
+        calibration = (budget.calibration,) if budget.calibration else ()
         chosen = budget.largest_fitting_max_len
         if budget.fits or settings.explicit("MAX_LEN") or not chosen:
-            return MemoryVerdict(budget.outcome, budget.max_model_len, budget)
+            return MemoryVerdict(budget.outcome, budget.max_model_len, budget, notes=calibration)
         shorter = plan_memory(settings, gpu, model_dir=model_dir, max_len=chosen, host=host)
         if not shorter.fits:
-            return MemoryVerdict(budget.outcome, budget.max_model_len, budget)
+            return MemoryVerdict(budget.outcome, budget.max_model_len, budget, notes=calibration)
         if chosen < min(MIN_CHOSEN_CONTEXT, configured):
             return MemoryVerdict(
                 None, configured, budget, refusals=(collapse_refusal(settings, gpu, chosen, configured, host),)
@@ -151,7 +153,7 @@ def judge(
         f"MAX_LEN unset and the default {configured:,} does not fit; the planner chose MAX_LEN={chosen} "
         "(set MAX_LEN to choose yourself)"
     )
-    return MemoryVerdict(shorter.outcome, chosen, shorter, notes=(note,), chosen=True)
+    return MemoryVerdict(shorter.outcome, chosen, shorter, notes=(*calibration, note), chosen=True)
 
 
 def collapse_refusal(

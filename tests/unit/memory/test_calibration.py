@@ -105,3 +105,57 @@ def test_the_defaults_get_what_a_linux_3090_gives():
     assert single.fits and single.max_model_len == 65536 and single.inputs.spec_method == "mtp"
     batch = plan_memory(resolve_settings({}, mode="batch"), RTX3090)
     assert batch.fits and batch.inputs.max_num_seqs == 64 and 60 <= batch.resident_requests[640] <= 64
+
+
+# --- the calibration file `hyperqwen calibrate` writes (memory/calibration.py) ---------------------------------
+
+H200_LOG = ROOT / "tests" / "unit" / "gpu_lab" / "data" / "serve-h200-as-rtx3090-single-cold.log"
+
+
+def measurement(key: dict, total: int = 150_109_880_320, date: str = "2026-12-02"):
+    from hyperqwen.memory.calibration import Measurement, parse_vllm_log
+
+    return Measurement("single", date, "NVIDIA H200", total, "0.32.0", "cold", key, parse_vllm_log(H200_LOG.read_text()))
+
+
+def test_measured_terms_take_from_the_pool_exactly_what_vllm_took():
+    from hyperqwen.memory.calibration import measured_terms, parse_vllm_log
+
+    numbers = parse_vllm_log(H200_LOG.read_text())
+    terms = measured_terms(numbers)
+    assert terms["WEIGHTS"] == round(14.8 * GiB)
+    assert sum(terms.values()) == pytest.approx((numbers["consumed_gib"] + numbers["peak_activation_gib"]) * GiB, abs=2)
+    assert (numbers["requested_gib"] - sum(terms.values()) / GiB) == pytest.approx(numbers["available_kv_gib"], abs=0.015)
+
+
+def test_a_new_measurement_replaces_the_same_card_and_settings_only(tmp_path):
+    from hyperqwen.memory.calibration import read_calibration, write_calibration
+
+    write_calibration(tmp_path, measurement({"max_num_seqs": 4}, date="2026-12-01"))
+    write_calibration(tmp_path, measurement({"max_num_seqs": 8}))
+    write_calibration(tmp_path, measurement({"max_num_seqs": 4}, total=24 * GiB))  # another card
+    write_calibration(tmp_path, measurement({"max_num_seqs": 4}))  # replaces the first
+    found = [(m.key["max_num_seqs"], m.gpu_total_bytes, m.date) for m in read_calibration(tmp_path)]
+    assert found == [(8, 150_109_880_320, "2026-12-02"), (4, 24 * GiB, "2026-12-02"), (4, 150_109_880_320, "2026-12-02")]
+    assert [p.name for p in tmp_path.iterdir()] == ["hyperqwen-calibration.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [("{broken", "not JSON"), ('{"format": 9, "measurements": []}', "not a format-1 calibration file"),
+     ('{"format": 1, "measurements": [{"mode": "single"}]}', "a measurement lacks")],
+)
+def test_an_unusable_calibration_file_is_one_line_and_the_planner_keeps_its_estimates(tmp_path, qwen38_dir, content,
+                                                                                      expected):
+    import shutil
+
+    from hyperqwen.memory.calibration import CALIBRATION_FILE
+
+    model = tmp_path / "q"
+    shutil.copytree(qwen38_dir, model)
+    (model / CALIBRATION_FILE).write_text(content)
+    settings = resolve_settings({"MODELS_DIR": str(tmp_path), "MODEL": "q"}, mode="single")
+    b = plan_memory(settings, RTX3090)
+    assert b.calibration.startswith("calibration not used: ") and expected in b.calibration
+    assert str(model / CALIBRATION_FILE) in b.calibration and "\n" not in b.calibration
+    assert "safetensors headers" in b.terms["weights"].source
