@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -179,3 +180,14 @@ def test_without_a_gpu_the_command_says_so_in_one_line():
         "hyperqwen calibrate: no NVIDIA GPU here (nvidia-smi and torch.cuda see none): calibrate measures vLLM on "
         "the card"
     )
+
+
+def test_the_boot_runner_reports_a_server_that_will_not_start(tmp_path):
+    """The real runner around the real `hyperqwen serve`, which refuses a model folder without a checkpoint."""
+    from hyperqwen.memory.calibrate import boot_server
+    from hyperqwen.memory.calibration import failure_reason
+
+    boot = boot_server(["--mode", "single", "--set", f"MODEL={tmp_path / 'none'}"], {**os.environ}, 60)
+    assert not boot.served and boot.log_path is not None and boot.log_path.read_text() == boot.log
+    assert failure_reason(boot.log).startswith(f"hyperqwen: error: MODEL={tmp_path / 'none'}: no checkpoint")
+    shutil.rmtree(boot.log_path.parent)
