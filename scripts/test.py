@@ -246,6 +246,7 @@ def run_both_tiers(started: float) -> int:
     ensure_apt_packages()
     ensure_venv()
     ensure_agent_clis()
+    ensure_python_clis()
     ensure_webui_venv()
     log(f"full tier: environment ready after {time.monotonic() - started:.0f} s")
     return run_pytest(VENV, "1", ["tests"], {"HYPERQWEN_SKIP_PASSED": str(passed)})

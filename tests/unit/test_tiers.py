@@ -29,3 +29,25 @@ def test_the_full_tier_deselects_what_the_fast_tier_passed(tmp_path):
     passed.write_text("".join(f"{i}\n" for i in ids[1:]))
     third = pytest_run(HYPERQWEN_SKIP_PASSED=str(passed))
     assert third.returncode == 0 and "1 passed" in third.stdout, third.stdout[-2000:]
+
+
+def _ensure_calls(function) -> list[str]:
+    import ast
+
+    return [node.func.id for node in ast.walk(function)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("ensure_")]
+
+
+def test_ci_installs_every_tool_a_narrowed_full_tier_run_installs():
+    """CI runs run_both_tiers; a developer's narrowed run (`scripts/test.py tests/...`) goes through main's own
+    list. A tool only the narrowed run installs makes its tests skip in CI unseen (aider and llm once did)."""
+    import ast
+
+    tree = ast.parse((REPO / "scripts" / "test.py").read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    narrowed = [node for node in ast.walk(functions["main"]) if isinstance(node, ast.If)
+                and isinstance(node.test, ast.Name) and node.test.id == "args"]
+    assert len(narrowed) == 1
+    full_tier = set(_ensure_calls(narrowed[0])) - {"ensure_fast_venv"}
+    ci = set(_ensure_calls(functions["run_both_tiers"])) - {"ensure_fast_venv"}
+    assert full_tier and ci == full_tier, (sorted(ci), sorted(full_tier))
