@@ -112,3 +112,25 @@ def run_watched(argv: list[str], env: dict[str, str], cwd: Path,
     finally:
         watcher.join(timeout=5)
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr), peers
+
+
+class Watching:
+    """Record the off-host peers of a process that runs in the background (a proxy server) while the block runs:
+    `with Watching(process) as peers: ...`; peers keeps growing until the block ends."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process, self.peers, self._stop = process, set(), threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.process.poll() is None:
+            self.peers.update(_remote_peers(_socket_inodes(_descendants(self.process.pid))))
+            time.sleep(POLL_S)
+
+    def __enter__(self) -> set[str]:
+        self._thread.start()
+        return self.peers
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
