@@ -15,9 +15,12 @@ A test skips only when its CLI is not installed (the npm registry was unreachabl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -33,7 +36,8 @@ _PINS = [line.strip() for line in (REPO_ROOT / "requirements" / "agent-clis.txt"
 CLI_PACKAGES = {"claude": next(p for p in _PINS if p.startswith("@anthropic-ai/claude-code@")),
                 "codex": next(p for p in _PINS if p.startswith("@openai/codex@")),
                 "opencode": next(p for p in _PINS if p.startswith("opencode-ai@")),
-                "cn": next(p for p in _PINS if p.startswith("@continuedev/cli@"))}
+                "cn": next(p for p in _PINS if p.startswith("@continuedev/cli@")),
+                "cline": next(p for p in _PINS if p.startswith("cline@"))}
 CLI_TIMEOUT_S = 420
 
 
@@ -390,6 +394,83 @@ def test_continue_cn_plain_turn_stays_on_the_machine(agents_server, tmp_path):
     assert all(e.body.get("max_tokens") == CONTINUE_MAX_TOKENS for e in posts), [e.body.get("max_tokens")
                                                                                  for e in posts]
     assert not off_host(peers, (CONTINUE_VERSION_HOST,)), peers
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cline CLI -> /v1/chat/completions (provider "openai-compatible")
+
+
+def cline_home(tmp_path: Path) -> Path:
+    """docs/agents.md's global settings: telemetry and auto-update off (without them the CLI looks up its
+    telemetry hosts on every start)."""
+    settings = tmp_path / ".cline" / "data" / "settings" / "global-settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"telemetryOptOut": True, "autoUpdateEnabled": False}))
+    return tmp_path
+
+
+def cline_daemons(home: Path) -> list[int]:
+    """The background "hub" daemons a Cline run under this HOME left (the CLI starts one and leaves it running)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--cline-hub-daemon" in cmdline and f"HOME={home}".encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def _cline(tmp_path: Path, proxy: RecordingProxy, server, prompt: str):
+    from netwatch import run_watched
+
+    binary = cli("cline")
+    home = cline_home(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}
+    try:
+        auth, auth_peers = run_watched([str(binary), "auth", "-p", "openai-compatible", "-b", f"{proxy.url}/v1", "-k",
+                                        server.api_key, "-m", server.served_model_name], env, work, CLI_TIMEOUT_S)
+        assert auth.returncode == 0, explain(auth, proxy)
+        result, peers = run_watched([str(binary), "-t", str(CLI_TIMEOUT_S - 60), prompt], env, work, CLI_TIMEOUT_S)
+    finally:
+        stop_cline_daemons(home)
+    return result, auth_peers | peers
+
+
+def stop_cline_daemons(home: Path) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in cline_daemons(home):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while cline_daemons(home) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def test_cline_plain_turn_stays_on_the_machine(agents_server, tmp_path):
+    with RecordingProxy(agents_server.base_url, steer("/v1/chat/completions")) as proxy:
+        result, peers = _cline(tmp_path, proxy, agents_server, "Say hello.")
+    assert result.returncode == 0, explain(result, proxy)
+    assert REPLY in result.stdout, explain(result, proxy)
+    model_posts_ok(proxy, "/v1/chat/completions")
+    assert not off_host(peers), peers
+    assert not cline_daemons(tmp_path)
+
+
+def test_cline_tool_call_round_trip(agents_server, tmp_path):
+    rewrite = steer("/v1/chat/completions", _chat_has_tool_message,
+                    {"type": "function", "function": {"name": "read_files"}}, _offers("read_files"))
+    with RecordingProxy(agents_server.base_url, rewrite) as proxy:
+        result, peers = _cline(tmp_path, proxy, agents_server, "Read the README.")
+    assert result.returncode == 0, explain(result, proxy)
+    posts = model_posts_ok(proxy, "/v1/chat/completions")
+    assert any(e.body and isinstance(e.body.get("tool_choice"), dict) for e in posts), proxy.summary()
+    assert any(e.body and _chat_has_tool_message(e.body) for e in posts), f"no tool result came back: {proxy.summary()}"
+    assert not off_host(peers), peers
 
 
 # ---------------------------------------------------------------------------------------------------------
