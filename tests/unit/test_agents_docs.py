@@ -44,3 +44,12 @@ def test_every_json_and_yaml_block_in_the_agents_doc_parses():
     for kind, text in blocks:
         loaded = json.loads(text) if kind == "json" else yaml.safe_load(text)
         assert loaded, text
+
+
+def test_codex_catalog_instructions_name_no_tool_codex_does_not_offer():
+    """Codex 0.171 offers a custom provider exec_command/write_stdin, the goal tools, view_image, request_user_input
+    and web search (recorded in tests/integration/test_agents_clients.py), not apply_patch, which its own built-in
+    instructions describe."""
+    (entry,) = json.loads(CATALOG.read_text())["models"]
+    assert "apply_patch" not in entry["base_instructions"]
+    assert "shell" in entry["base_instructions"]
