@@ -570,12 +570,12 @@ def plan_memory(
     inputs = MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms)
     note = ""
     if calibrated and tp == 1:
-        inputs, note = _with_measured_terms(inputs, gpu, settings["EXTRA_ARGS"] or "")
+        inputs, note = _with_measured_terms(inputs, gpu, tuple(settings["EXTRA_ARGS"] or ()))
     budget = plan_inputs(inputs, gpu, checkpoint=checkpoint, host=host)
     return replace(budget, calibration=note) if note else budget
 
 
-def _with_measured_terms(i: MemoryInputs, gpu: GpuFacts, extra_args: str) -> tuple[MemoryInputs, str]:
+def _with_measured_terms(i: MemoryInputs, gpu: GpuFacts, extra_args: tuple[str, ...]) -> tuple[MemoryInputs, str]:
     """The inputs with the terms vLLM measured for them on this card (the model folder's calibration file),
     and one line saying which measurement was used, or why none was ("" without a file)."""
     from hyperqwen.memory.calibration import CalibrationError, find_measurement, read_calibration, settings_key

@@ -241,7 +241,7 @@ def run_calibrate(
         gpu_total_bytes=gpu.total_bytes,
         vllm_version=_vllm_version(),
         compile_cache="cold",
-        key=settings_key(inputs, settings["EXTRA_ARGS"] or ""),
+        key=settings_key(inputs, tuple(settings["EXTRA_ARGS"] or ())),
         vllm=numbers,
         planner={"pool_bytes": estimate.pool_bytes, "pool_tokens": estimate.pool_tokens} if estimate else {},
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,7 +138,7 @@ def measured_terms(numbers: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def settings_key(i: MemoryInputs, extra_args: str = "") -> dict[str, Any]:
+def settings_key(i: MemoryInputs, extra_args: Sequence[str] = ()) -> dict[str, Any]:
     """Every setting that changes what vLLM takes before the pool (weights, profile peak, graphs); the context
     length, GPU_UTIL and KV_MEM only size the pool, so a measurement holds across them."""
     return {
@@ -154,7 +154,7 @@ def settings_key(i: MemoryInputs, extra_args: str = "") -> dict[str, Any]:
         "embed_on_host": i.embed_on_host,
         "ram_cache": i.ram_cache_bytes is not None,
         "draft_dir": str(i.draft_dir) if i.spec_method == "dflash2" and i.draft_dir else None,
-        "extra_args": extra_args,
+        "extra_args": list(extra_args),  # a list, as the JSON file gives it back
     }
 
 

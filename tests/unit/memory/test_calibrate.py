@@ -191,3 +191,13 @@ def test_the_boot_runner_reports_a_server_that_will_not_start(tmp_path):
     assert not boot.served and boot.log_path is not None and boot.log_path.read_text() == boot.log
     assert failure_reason(boot.log).startswith(f"hyperqwen: error: MODEL={tmp_path / 'none'}: no checkpoint")
     shutil.rmtree(boot.log_path.parent)
+
+
+def test_a_measurement_with_extra_args_is_found_again_from_the_file(model_dir):
+    """EXTRA_ARGS is part of the settings key; it must compare equal after a round trip through the JSON file."""
+    extra = "EXTRA_ARGS=--max-logprobs 5"
+    assert calibrate(model_dir, ReplayedBoot(H200_LOG.read_text()), extra) == Exit.OK
+    settings = load_settings({}, mode="single", overrides=knobs(model_dir, extra))
+    assert "hyperqwen calibrate" in plan_memory(settings, H200).calibration
+    plain = load_settings({}, mode="single", overrides=knobs(model_dir))
+    assert "(extra_args differ)" in plan_memory(plain, H200).calibration
