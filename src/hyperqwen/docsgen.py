@@ -1,4 +1,5 @@
-"""Generate `.env.example`, `docs/knobs.md` and the mode READMEs' tables from the knob schema and the profiles.
+"""Generate `.env.example`, `docs/knobs.md`, the mode READMEs' tables and the typed knob values
+(`config/values.py`) from the knob schema and the profiles.
 
 `hyperqwen knobs --write` rewrites both; `hyperqwen knobs --check` (and a unit test) fails when either
 is stale, so the files a person reads cannot drift from what the code does.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -163,9 +165,64 @@ def render_mode_readme(mode: str) -> str:
     return text[: begin + len(TABLE_BEGIN)] + "\n" + render_profile_table(mode) + "\n" + text[end:]
 
 
+TYPED_VALUES = "src/hyperqwen/config/values.py"
+PYTHON_TYPES = {"str": "str", "int": "int", "float": "float", "bool": "bool", "bytes": "int", "args": "tuple[str, ...]"}
+
+
+def python_type(knob: Knob) -> str:
+    """The attribute's type: the knob kind's value type (a choice is a Literal of its choices), optional when
+    the knob has no default (unset means None)."""
+    base = (
+        "Literal[" + ", ".join(json.dumps(choice) for choice in knob.choices) + "]"
+        if knob.kind == "choice"
+        else PYTHON_TYPES[knob.kind]
+    )
+    return f"{base} | None" if knob.default is None else base
+
+
+def render_typed_values() -> str:
+    """config/values.py: one typed, read-only attribute per knob, so mypy checks every knob a module reads."""
+    lines = [
+        '"""Every knob\'s value as a typed attribute: `settings.knobs.max_len` instead of `settings["MAX_LEN"]`.',
+        "",
+        "Generated from the knob table (config/knobs.py) by `hyperqwen knobs --write`; `hyperqwen knobs --check` and a",
+        "unit test fail when it is stale. Do not edit by hand.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from collections.abc import Mapping",
+        "from dataclasses import dataclass",
+        "from typing import Any, Literal",
+        "",
+        "",
+        "@dataclass(frozen=True)",
+        "class KnobValues:",
+        '    """The resolved value of each knob (config/settings.py Settings.knobs)."""',
+        "",
+    ]
+    for knob in KNOBS:
+        lines.append(f"    {knob.name.lower()}: {python_type(knob)}")
+    lines += [
+        "",
+        "    @classmethod",
+        "    def from_values(cls, values: Mapping[str, Any]) -> KnobValues:",
+        '        """From knob name -> value (a Settings)."""',
+        "        return cls(**{name.lower(): values[name] for name in KNOB_NAMES})",
+        "",
+        "",
+        "KNOB_NAMES = (",
+        *[f'    "{knob.name}",' for knob in KNOBS],
+        ")",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 GENERATED: dict[str, Callable[[], str]] = {
     ENV_EXAMPLE: render_env_example,
     KNOBS_DOC: render_knobs_doc,
+    TYPED_VALUES: render_typed_values,
     **{path: functools.partial(render_mode_readme, mode) for mode, path in MODE_READMES.items()},
 }
 

@@ -679,7 +679,7 @@ KNOBS: tuple[Knob, ...] = (
         "...) are refused in any spelling or abbreviation, as are stray words and control characters.",
         "appended to the vLLM command line",
         API,
-        default="",
+        default=(),  # the parsed value's type (a tuple of words), as a set value has
         tradeoff="escape hatch; checked against vLLM 0.32.0's own options before anything starts.",
     ),
     # --- operations -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES,
 from hyperqwen.config.names import unknown_names
 from hyperqwen.config.sizes import SizeError, parse_size
 from hyperqwen.config.spelling import did_you_mean
+from hyperqwen.config.values import KnobValues
 
 DEFAULT = "default"
 ENV_FILE = ".env"
@@ -113,6 +114,12 @@ class Settings(Mapping[str, Any]):
         return self.by_name[name].explicit
 
     @property
+    def knobs(self) -> KnobValues:
+        """Every knob's value as a typed attribute (config/values.py, generated from the knob table):
+        `settings.knobs.spec` is checked by mypy where `settings["SPEC"]` is not."""
+        return KnobValues.from_values(self)
+
+    @property
     def warnings(self) -> tuple[Problem, ...]:
         return tuple(p for p in self.problems if p.severity == "warning")
 
@@ -165,6 +172,8 @@ def format_value(knob: Knob, value: Any) -> str:
         return ""
     if knob.kind == "bool":
         return "true" if value else "false"
+    if knob.kind == "args" and isinstance(value, tuple):  # the words, quoted as a shell would need them
+        return shlex.join(value)
     return str(value)
 
 

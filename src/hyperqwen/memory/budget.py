@@ -136,26 +136,26 @@ class MemoryInputs:
         max_len: int | None = None,
         terms: Mapping[str, int] | None = None,
     ) -> MemoryInputs:
-        util = settings["GPU_UTIL"]
+        util = settings.knobs.gpu_util
         values: dict[str, int | None] = {name: settings[name] for name in TERM_KNOBS}
         values.update(terms or {})
         return cls(
             model_dir=Path(model_dir) if model_dir is not None else settings.model_path,
             kv_cache_dtype=settings.kv_cache_dtype,
             max_model_len=int(max_len) if max_len is not None else settings.configured_max_model_len,
-            max_num_seqs=int(settings["MAX_SEQS"] or VLLM_DEFAULT_MAX_NUM_SEQS),
-            spec_method=settings["SPEC"],
+            max_num_seqs=int(settings.knobs.max_seqs or VLLM_DEFAULT_MAX_NUM_SEQS),
+            spec_method=settings.knobs.spec,
             num_speculative_tokens=settings.num_speculative_tokens,
-            prefix_caching=bool(settings["PREFIX_CACHE"]),
-            state_dtype=settings["STATE_DTYPE"],
-            kv_cache_memory_bytes=settings["KV_MEM"],
+            prefix_caching=bool(settings.knobs.prefix_cache),
+            state_dtype=settings.knobs.state_dtype,
+            kv_cache_memory_bytes=settings.knobs.kv_mem,
             gpu_memory_utilization=float(util) if util is not None else VLLM_DEFAULT_GPU_UTIL,
-            max_num_batched_tokens=int(settings["MAX_BATCHED_TOKENS"] or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
-            model_dtype=settings["DTYPE"],
-            language_model_only=not settings["VISION"],
+            max_num_batched_tokens=int(settings.knobs.max_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            model_dtype=settings.knobs.dtype,
+            language_model_only=not settings.knobs.vision,
             draft_dir=settings.draft_path,
-            ram_cache_bytes=settings["RAM_CACHE"],
-            embed_on_host=bool(settings["EMBED_ON_HOST"]),
+            ram_cache_bytes=settings.knobs.ram_cache,
+            embed_on_host=bool(settings.knobs.embed_on_host),
             terms=values,
         )
 
@@ -557,7 +557,7 @@ def plan_memory(
     calibrated: use the terms `hyperqwen calibrate` measured for these settings on this card, when the model
     folder holds them (one GPU only: a measurement is of one whole card).
     """
-    tp = int(settings["TP"])
+    tp = int(settings.knobs.tp)
     if tp > 1:
         from hyperqwen.memory.parallel import NCCL_BUFFERS, rank_checkpoint
 
@@ -566,11 +566,11 @@ def plan_memory(
         checkpoint = rank_checkpoint(checkpoint, tp)
         terms = dict(terms or {})
         if "CUDA_CONTEXT" not in terms:
-            terms["CUDA_CONTEXT"] = int(settings["CUDA_CONTEXT"] or 0) + NCCL_BUFFERS
+            terms["CUDA_CONTEXT"] = int(settings.knobs.cuda_context or 0) + NCCL_BUFFERS
     inputs = MemoryInputs.from_settings(settings, model_dir=model_dir, max_len=max_len, terms=terms)
     note = ""
     if calibrated and tp == 1:
-        inputs, note = _with_measured_terms(inputs, gpu, tuple(settings["EXTRA_ARGS"] or ()))
+        inputs, note = _with_measured_terms(inputs, gpu, settings.knobs.extra_args)
     budget = plan_inputs(inputs, gpu, checkpoint=checkpoint, host=host)
     return replace(budget, calibration=note) if note else budget
 

@@ -129,12 +129,12 @@ def boot_server(serve_args: Sequence[str], env: dict[str, str], timeout_s: float
 
 def _refusal(settings: Settings) -> str | None:
     """Settings with which vLLM does not measure what calibrate reads, or which no single boot represents."""
-    if settings["KV_MEM"] is not None:
+    if settings.knobs.kv_mem is not None:
         return (
             f"KV_MEM={settings['KV_MEM']} pins the pool, so vLLM does not size it from a profile: unset KV_MEM "
             "to calibrate (the measurement then holds for a pinned pool too)"
         )
-    if int(settings["TP"]) != 1:
+    if int(settings.knobs.tp) != 1:
         return f"TP={settings['TP']}: calibrate measures one whole card; set TP=1 (each rank of TP is planned per card)"
     return None
 
@@ -241,7 +241,7 @@ def run_calibrate(
         gpu_total_bytes=gpu.total_bytes,
         vllm_version=_vllm_version(),
         compile_cache="cold",
-        key=settings_key(inputs, tuple(settings["EXTRA_ARGS"] or ())),
+        key=settings_key(inputs, settings.knobs.extra_args),
         vllm=numbers,
         planner={"pool_bytes": estimate.pool_bytes, "pool_tokens": estimate.pool_tokens} if estimate else {},
     )

@@ -172,7 +172,7 @@ def rank_checkpoint(checkpoint: Checkpoint, tp: int) -> Checkpoint:
 
 def check_tp(settings: Settings) -> list[Problem]:
     """TP must divide the model's heads (read from MODEL's config.json, else the planner's bundled config)."""
-    tp = int(settings["TP"])
+    tp = int(settings.knobs.tp)
     if tp == 1:
         return []
     heads, where = load_heads(settings.model_path)

@@ -79,12 +79,12 @@ def model_refusals(settings: Settings, model_dir: Path | None = None) -> list[Pr
 
     target = model_dir or settings.model_path
     problems: list[Problem] = []
-    tp = int(settings["TP"])
+    tp = int(settings.knobs.tp)
     if tp != 1:
         heads, where = load_heads(target)
         problems += [Problem("error", message, "TP") for message in tp_problems(heads, tp, where)]
     draft = settings.draft_path
-    if settings["SPEC"] == "dflash2" and draft is not None and (draft / "config.json").is_file() and target.is_dir():
+    if settings.knobs.spec == "dflash2" and draft is not None and (draft / "config.json").is_file() and target.is_dir():
         from hyperqwen.spec.drafter import DrafterError, check_drafter
 
         try:
@@ -97,12 +97,12 @@ def model_refusals(settings: Settings, model_dir: Path | None = None) -> list[Pr
 def drafter_missing(settings: Settings) -> str | None:
     """For SPEC=dflash2 before `prepare` fetched the drafter: one line naming DRAFT, the folder and the fix."""
     draft = settings.draft_path
-    if settings["SPEC"] != "dflash2" or draft is None or (draft / "config.json").is_file():
+    if settings.knobs.spec != "dflash2" or draft is None or (draft / "config.json").is_file():
         return None
     from hyperqwen.config.knobs import DFLASH2_DRAFTER_DIR
 
     prepare = "`hyperqwen prepare` (or `docker compose run --rm prepare`) with SPEC=dflash2"
-    if settings["DRAFT"] == DFLASH2_DRAFTER_DIR:
+    if settings.knobs.draft == DFLASH2_DRAFTER_DIR:
         fix = f"{prepare} fetches it there (PREPARE_DRAFTER=auto), or point DRAFT at your own drafter folder"
     else:  # prepare always fetches into the default folder
         fix = (
@@ -147,7 +147,7 @@ def judge(
                 None, configured, budget, refusals=(collapse_refusal(settings, gpu, chosen, configured, host),)
             )
     except (MemoryPlanError, CheckpointError) as exc:
-        knob = "DRAFT" if settings["SPEC"] == "dflash2" and "DRAFT" in str(exc) else "MODEL"
+        knob = "DRAFT" if settings.knobs.spec == "dflash2" and "DRAFT" in str(exc) else "MODEL"
         return MemoryVerdict(None, configured, refusals=(Problem("error", f"memory plan: {exc}", knob),))
     note = (
         f"MAX_LEN unset and the default {configured:,} does not fit; the planner chose MAX_LEN={chosen} "
@@ -169,7 +169,8 @@ def collapse_refusal(
         "chooses on its own"
     )
     if settings.explicit("MAX_SEQS"):
-        seqs = int(settings["MAX_SEQS"])
+        seqs = settings.knobs.max_seqs
+        assert seqs is not None  # explicit: the user set it
         low, high = 0, seqs  # largest MAX_SEQS (< seqs) with which the configured MAX_LEN fits
         while low < high:
             mid = (low + high + 1) // 2
