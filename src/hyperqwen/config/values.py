@@ -7,7 +7,7 @@ unit test fail when it is stale. Do not edit by hand.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 
@@ -91,82 +91,5 @@ class KnobValues:
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> KnobValues:
-        """From knob name -> value (a Settings)."""
-        return cls(**{name.lower(): values[name] for name in KNOB_NAMES})
-
-
-KNOB_NAMES = (
-    "MODE",
-    "MODELS_DIR",
-    "MODEL",
-    "SERVED_MODEL_NAME",
-    "DTYPE",
-    "VISION",
-    "BIND",
-    "PORT",
-    "VLLM_API_KEY",
-    "API_KEY_FILE",
-    "METRICS_PUBLIC",
-    "MAX_HEADER_BYTES",
-    "MAX_BODY_BYTES",
-    "SPEC",
-    "DRAFT_TOKENS",
-    "DFLASH_TOKENS",
-    "DRAFT",
-    "LOOKUP_TOKENS",
-    "CTX",
-    "KV",
-    "MAX_LEN",
-    "MAX_SEQS",
-    "MAX_BATCHED_TOKENS",
-    "GPU_UTIL",
-    "KV_MEM",
-    "PREFIX_CACHE",
-    "MEMORY_CHECK",
-    "STATE_DTYPE",
-    "CUDA_CONTEXT",
-    "CUDA_GRAPHS",
-    "ACTIVATION_PEAK",
-    "UNCOUNTED_GRAPHS",
-    "PROFILE_MARGIN",
-    "RAM_CACHE",
-    "EMBED_ON_HOST",
-    "HEADROOM_FLOOR",
-    "TOOLS",
-    "TOOL_PARSER",
-    "REASONING_PARSER",
-    "STRUCTURED_OUTPUT",
-    "THINKING",
-    "CLIENT_THINKING",
-    "STREAM_KEEPALIVE",
-    "STREAM_PROGRESS",
-    "TEMPERATURE",
-    "GDN_PREFILL",
-    "EXTRA_ARGS",
-    "MONITOR_PORT",
-    "MONITOR_INTERVAL",
-    "MONITOR_HISTORY",
-    "WEBUI_PORT",
-    "WEBUI_ADMIN_EMAIL",
-    "SKIP_VERIFY",
-    "ENGINE_STALL_TIMEOUT",
-    "HYPERQWEN_UID",
-    "HYPERQWEN_GID",
-    "HYPERQWEN_GPU",
-    "HYPERQWEN_OWNER",
-    "HYPERQWEN_TAG",
-    "GPUS",
-    "TP",
-    "ROUTER_POLICY",
-    "SCALE_OUT",
-    "ROUTER_WORKERS",
-    "MODEL_REPO",
-    "MODEL_REVISION",
-    "HF_TOKEN",
-    "MODEL_SOURCE_DIR",
-    "HF_HUB_OFFLINE",
-    "QUANTIZE_EMBED",
-    "PREPARE_DRAFTER",
-    "DRAFT_VOCAB",
-    "DRAFT_VOCAB_IDS",
-)
+        """From knob name -> value (a Settings); each attribute is its knob's name in lower case."""
+        return cls(**{f.name: values[f.name.upper()] for f in fields(cls)})

@@ -6,6 +6,7 @@ checks on `settings.knobs.NAME` rest on the truth."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 
@@ -13,9 +14,10 @@ import pytest
 
 from hyperqwen.config.knobs import KNOBS, MODES
 from hyperqwen.config.settings import format_value, resolve_settings
-from hyperqwen.config.values import KNOB_NAMES, KnobValues
+from hyperqwen.config.values import KnobValues
 
 HINTS = typing.get_type_hints(KnobValues)
+KNOB_NAMES = [f.name.upper() for f in dataclasses.fields(KnobValues)]
 
 
 def has_type(value: object, hint: object) -> bool:
