@@ -25,8 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +34,7 @@ from pathlib import Path
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Settings, SettingsError
 from hyperqwen.exit_codes import Exit
+from hyperqwen.formats.http import HttpError, get
 from hyperqwen.memory.budget import MemoryBudget, MemoryInputs, MemoryPlanError, format_gib, plan_memory
 from hyperqwen.memory.calibration import (
     CALIBRATION_FILE,
@@ -74,9 +73,8 @@ def _free_port() -> int:
 
 def _healthy(port: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
+        return get(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+    except HttpError:
         return False
 
 
