@@ -30,7 +30,7 @@ facts; nothing is started, nothing imported from torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -136,32 +136,52 @@ class MemoryInputs:
         max_len: int | None = None,
         terms: Mapping[str, int] | None = None,
     ) -> MemoryInputs:
-        util = settings.knobs.gpu_util
+        knobs = settings.knobs
+        util = knobs.gpu_util
         values: dict[str, int | None] = {name: settings[name] for name in TERM_KNOBS}
         values.update(terms or {})
         return cls(
             model_dir=Path(model_dir) if model_dir is not None else settings.model_path,
             kv_cache_dtype=settings.kv_cache_dtype,
             max_model_len=int(max_len) if max_len is not None else settings.configured_max_model_len,
-            max_num_seqs=int(settings.knobs.max_seqs or VLLM_DEFAULT_MAX_NUM_SEQS),
-            spec_method=settings.knobs.spec,
+            max_num_seqs=int(knobs.max_seqs or VLLM_DEFAULT_MAX_NUM_SEQS),
+            spec_method=knobs.spec,
             num_speculative_tokens=settings.num_speculative_tokens,
-            prefix_caching=bool(settings.knobs.prefix_cache),
-            state_dtype=settings.knobs.state_dtype,
-            kv_cache_memory_bytes=settings.knobs.kv_mem,
+            prefix_caching=bool(knobs.prefix_cache),
+            state_dtype=knobs.state_dtype,
+            kv_cache_memory_bytes=knobs.kv_mem,
             gpu_memory_utilization=float(util) if util is not None else VLLM_DEFAULT_GPU_UTIL,
-            max_num_batched_tokens=int(settings.knobs.max_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
-            model_dtype=settings.knobs.dtype,
-            language_model_only=not settings.knobs.vision,
+            max_num_batched_tokens=int(knobs.max_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            model_dtype=knobs.dtype,
+            language_model_only=not knobs.vision,
             draft_dir=settings.draft_path,
-            ram_cache_bytes=settings.knobs.ram_cache,
-            embed_on_host=bool(settings.knobs.embed_on_host),
+            ram_cache_bytes=knobs.ram_cache,
+            embed_on_host=bool(knobs.embed_on_host),
             terms=values,
         )
 
     def term(self, name: str) -> int | None:
         value = self.terms.get(name)
         return None if value is None else int(value)
+
+    def calibration_key(self, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+        """Every setting that changes what vLLM takes before the pool (weights, profile peak, graphs); the context
+        length, GPU_UTIL and KV_MEM only size the pool, so a measurement holds across them."""
+        return {
+            "spec_method": self.spec_method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "state_dtype": self.state_dtype,
+            "model_dtype": self.model_dtype,
+            "prefix_caching": self.prefix_caching,
+            "language_model_only": self.language_model_only,
+            "embed_on_host": self.embed_on_host,
+            "ram_cache": self.ram_cache_bytes is not None,
+            "draft_dir": str(self.draft_dir) if self.spec_method == "dflash2" and self.draft_dir else None,
+            "extra_args": list(extra_args),  # a list, as the JSON file gives it back
+        }
 
 
 # --- non-pool terms ---------------------------------------------------------------------------------
@@ -578,10 +598,10 @@ def plan_memory(
 def _with_measured_terms(i: MemoryInputs, gpu: GpuFacts, extra_args: tuple[str, ...]) -> tuple[MemoryInputs, str]:
     """The inputs with the terms vLLM measured for them on this card (the model folder's calibration file),
     and one line saying which measurement was used, or why none was ("" without a file)."""
-    from hyperqwen.memory.calibration import CalibrationError, find_measurement, read_calibration, settings_key
+    from hyperqwen.memory.calibration import CalibrationError, find_measurement, read_calibration
 
     try:
-        found, note = find_measurement(read_calibration(i.model_dir), settings_key(i, extra_args), gpu)
+        found, note = find_measurement(read_calibration(i.model_dir), i.calibration_key(extra_args), gpu)
     except CalibrationError as exc:
         return i, f"calibration not used: {exc}"
     if found is None:
@@ -622,7 +642,7 @@ def plan_inputs(
     )
     layout, info = build_layout(ckpt, lk, drafter=drafter, kernel_block_alignment=kba)
     w = ckpt.weights(mdb)
-    t = _terms(i, ckpt, ckpt_source, mdb, w, drafter is not None, drafter_weights)
+    t = _terms(i, _CheckpointFacts(ckpt, ckpt_source, mdb, w, drafter is not None, drafter_weights))
     resident = t.weights.value
     pinned = i.kv_cache_memory_bytes is not None
     # 1-2. Context, then the startup check (request_memory).
@@ -640,20 +660,9 @@ def plan_inputs(
     # 7. Boot check with the pool a worse profile run could give (GPU_UTIL mode): pool - PROFILE_MARGIN.
     check_pool = max(pool - t.margin.value, 0)
     short = _one_request_findings(i, layout, info, check_pool, t.margin, found)
-    headroom = free_at_start - footprint
-    safe_pool = max(free_at_start - t.floor.value - counted - t.uncounted.value, 0)
-    full = headroom < t.floor.value
-    if full:
-        found.problems.append(
-            f"after boot only {format_gib(headroom)} would stay free, below the "
-            f"{format_gib(t.floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory"
-        )
-        found.hints.append(
-            f"KV_MEM={safe_pool} (largest pool that keeps the floor)"
-            if pinned
-            else f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}"
-        )
-
+    full, safe_pool = _after_boot_findings(
+        t, free_at_start - footprint, free_at_start - counted, pinned, fit_util, found
+    )
     fit_check_pool = min(check_pool, max(safe_pool - t.margin.value, 0))
     weights_fail = resident + t.load_transient.value > free_at_start
     largest = 0 if weights_fail else min(layout.longest_request(fit_check_pool), s.max_position_embeddings)
@@ -703,6 +712,26 @@ def plan_inputs(
         largest_note=note,
         suggested_kv_mem=safe_pool,
     )
+
+
+def _after_boot_findings(
+    t: _Terms, headroom: int, free_beyond_counted: int, pinned: bool, fit_util: float, found: _Findings
+) -> tuple[bool, int]:
+    """Step 8: whether the card would be full after boot (less than HEADROOM_FLOOR free), and the largest pool
+    that keeps the floor."""
+    safe_pool = max(free_beyond_counted - t.floor.value - t.uncounted.value, 0)
+    full = headroom < t.floor.value
+    if full:
+        found.problems.append(
+            f"after boot only {format_gib(headroom)} would stay free, below the "
+            f"{format_gib(t.floor.value)} HEADROOM_FLOOR: the first burst of requests runs out of memory"
+        )
+        found.hints.append(
+            f"KV_MEM={safe_pool} (largest pool that keeps the floor)"
+            if pinned
+            else f"GPU_UTIL={fit_util} (keeps the headroom floor), or pin KV_MEM={safe_pool}"
+        )
+    return full, safe_pool
 
 
 def _verdict(refuse: bool, short: bool, full: bool) -> Outcome:
@@ -772,16 +801,23 @@ def _knob_term(i: MemoryInputs, name: str, fallback: Term) -> Term:
     return Term(value, f"{name}={value:,} B (set)")
 
 
-def _weight_terms(
-    i: MemoryInputs,
-    ckpt: Checkpoint,
-    ckpt_source: str,
-    mdb: int,
-    w: WeightBytes,
-    has_drafter: bool,
-    drafter_weights: int,
-) -> tuple[Term, Term]:
+@dataclass(frozen=True)
+class _CheckpointFacts:
+    """What the weight terms are computed from: the checkpoint (and where it was read), the model dtype's
+    bytes, its weight bytes by part, and the drafter's."""
+
+    ckpt: Checkpoint
+    source: str
+    mdb: int  # bytes per element of the model dtype
+    w: WeightBytes
+    has_drafter: bool
+    drafter_weights: int
+
+
+def _weight_terms(i: MemoryInputs, cf: _CheckpointFacts) -> tuple[Term, Term]:
     """The drafter's weights and all resident weights (drafter included, EMBED_ON_HOST's table left out)."""
+    ckpt, ckpt_source, mdb, w = cf.ckpt, cf.source, cf.mdb, cf.w
+    has_drafter, drafter_weights = cf.has_drafter, cf.drafter_weights
     with_mtp = i.spec_method in MTP_SPEC_METHODS
     drafter_term = _knob_term(
         i,
@@ -814,19 +850,12 @@ def _weight_terms(
     return drafter_term, weights
 
 
-def _terms(
-    i: MemoryInputs,
-    ckpt: Checkpoint,
-    ckpt_source: str,
-    mdb: int,
-    w: WeightBytes,
-    has_drafter: bool,
-    drafter_weights: int,
-) -> _Terms:
+def _terms(i: MemoryInputs, cf: _CheckpointFacts) -> _Terms:
     """Each term of the budget: the knob's value when set, else the estimate and where it comes from."""
+    ckpt, mdb = cf.ckpt, cf.mdb
     s = ckpt.shape
     with_mtp = i.spec_method in MTP_SPEC_METHODS
-    drafter_term, weights = _weight_terms(i, ckpt, ckpt_source, mdb, w, has_drafter, drafter_weights)
+    drafter_term, weights = _weight_terms(i, cf)
     # MTP: the drafter first builds its own embed_tokens and lm_head in the model dtype, then swaps in the
     # target's (vLLM log 'Sharing target model ... weights with the draft model'): a load-time transient.
     load_transient = Term(

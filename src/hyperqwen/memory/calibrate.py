@@ -42,7 +42,6 @@ from hyperqwen.memory.calibration import (
     failure_reason,
     missing_numbers,
     parse_vllm_log,
-    settings_key,
     write_calibration,
 )
 from hyperqwen.memory.checkpoint import CheckpointError
@@ -245,7 +244,7 @@ def run_calibrate(
         gpu_total_bytes=gpu.total_bytes,
         vllm_version=vllm_version,
         compile_cache="cold",
-        key=settings_key(inputs, settings.knobs.extra_args),
+        key=inputs.calibration_key(settings.knobs.extra_args),
         vllm=numbers,
         planner={"pool_bytes": estimate.pool_bytes, "pool_tokens": estimate.pool_tokens} if estimate else {},
     )

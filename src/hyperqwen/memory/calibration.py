@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from hyperqwen.config.sizes import GiB, MiB
 
 if TYPE_CHECKING:
-    from hyperqwen.memory.budget import MemoryInputs
     from hyperqwen.memory.gpu import GpuFacts
 
 CALIBRATION_FILE = "hyperqwen-calibration.json"
@@ -135,26 +134,6 @@ def measured_terms(numbers: Mapping[str, Any]) -> dict[str, int]:
         "WEIGHTS": round(numbers["model_loading_gib"] * GiB),
         "CUDA_GRAPHS": round((numbers["consumed_gib"] - numbers["model_loading_gib"] + estimate) * GiB),
         "ACTIVATION_PEAK": max(round((numbers["peak_activation_gib"] - estimate) * GiB), 0),
-    }
-
-
-def settings_key(i: MemoryInputs, extra_args: Sequence[str] = ()) -> dict[str, Any]:
-    """Every setting that changes what vLLM takes before the pool (weights, profile peak, graphs); the context
-    length, GPU_UTIL and KV_MEM only size the pool, so a measurement holds across them."""
-    return {
-        "spec_method": i.spec_method,
-        "num_speculative_tokens": i.num_speculative_tokens,
-        "max_num_batched_tokens": i.max_num_batched_tokens,
-        "max_num_seqs": i.max_num_seqs,
-        "kv_cache_dtype": i.kv_cache_dtype,
-        "state_dtype": i.state_dtype,
-        "model_dtype": i.model_dtype,
-        "prefix_caching": i.prefix_caching,
-        "language_model_only": i.language_model_only,
-        "embed_on_host": i.embed_on_host,
-        "ram_cache": i.ram_cache_bytes is not None,
-        "draft_dir": str(i.draft_dir) if i.spec_method == "dflash2" and i.draft_dir else None,
-        "extra_args": list(extra_args),  # a list, as the JSON file gives it back
     }
 
 
