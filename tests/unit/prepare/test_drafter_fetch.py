@@ -15,7 +15,7 @@ from hyperqwen.prepare.errors import PrepareError
 from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.source import COMPLETE_MARKER
 from hyperqwen.spec.drafter import check_drafter
-from unit.prepare.test_hub_download import REPO, FakeHub
+from support.fakehub import REPO, FakeHub
 
 DRAFTER_CONFIG = {
     "speculators_model_type": "dflash2",
@@ -29,11 +29,8 @@ DRAFTER_CONFIG = {
 @pytest.fixture
 def drafter_hub():
     files = {"config.json": json.dumps(DRAFTER_CONFIG).encode(), "model.safetensors": b"\1" * 4096}
-    hub = FakeHub(files)
-    hub.thread.start()
-    yield hub
-    hub.server.shutdown()
-    hub.server.server_close()
+    with FakeHub(files) as hub:
+        yield hub
 
 
 def options(tmp_path: Path, hub: FakeHub) -> PrepareOptions:
@@ -63,14 +60,10 @@ def test_fetch_verifies_and_a_second_run_downloads_nothing(tmp_path, drafter_hub
 
 
 def test_a_repo_that_is_not_a_drafter_is_one_prepare_error(tmp_path):
-    hub = FakeHub(
-        {"config.json": json.dumps({"architectures": ["Qwen3_5ForCausalLM"]}).encode(), "model.safetensors": b"\0" * 64}
-    )
-    hub.thread.start()
-    try:
-        with pytest.raises(PrepareError, match="not a DFlash/DFlash2 drafter") as excinfo:
-            fetch_drafter(options(tmp_path, hub), repo_id=REPO, revision="main")
-        assert "PREPARE_DRAFTER=off" in str(excinfo.value)
-    finally:
-        hub.server.shutdown()
-        hub.server.server_close()
+    files = {
+        "config.json": json.dumps({"architectures": ["Qwen3_5ForCausalLM"]}).encode(),
+        "model.safetensors": b"\0" * 64,
+    }
+    with FakeHub(files) as hub, pytest.raises(PrepareError, match="not a DFlash/DFlash2 drafter") as excinfo:
+        fetch_drafter(options(tmp_path, hub), repo_id=REPO, revision="main")
+    assert "PREPARE_DRAFTER=off" in str(excinfo.value)

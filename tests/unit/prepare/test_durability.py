@@ -91,12 +91,10 @@ def test_local_source_fsync_order(pristine_source, models_dir, make_options, mon
 
 
 def test_hub_download_fsync_order(tmp_path, monkeypatch, pristine_source):
-    from test_hub_download import REPO, _serve
+    from hyperqwen.prepare.options import PrepareOptions
+    from support.fakehub import REPO, FakeHub
 
-    hub = _serve(pristine_source)
-    try:
-        from hyperqwen.prepare.options import PrepareOptions
-
+    with FakeHub.of_folder(pristine_source) as hub:
         options = PrepareOptions(
             output_dir=tmp_path / "models" / "m",
             models_dir=tmp_path / "models",
@@ -107,9 +105,6 @@ def test_hub_download_fsync_order(tmp_path, monkeypatch, pristine_source):
         )
         recorder = Recorder(monkeypatch)
         assert prepare(options).changed
-    finally:
-        hub.server.shutdown()
-        hub.server.server_close()
     download = options.source_download_dir
     marker_at = recorder.index("publish", COMPLETE_MARKER)
     for name in hub.files:

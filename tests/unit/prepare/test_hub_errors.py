@@ -1,15 +1,13 @@
 """Hub failures through huggingface_hub's real client code (no mocks of the library).
 
 - No network: HF_ENDPOINT points at a closed 127.0.0.1 port, so the real connection fails.
-- Missing repo, gated repo, wrong token, missing revision: a fake hub (a local HTTP server) answers the
+- Missing repo, gated repo, wrong token, missing revision: the fake hub (tests/support/fakehub.py) answers the
   metadata call with the status and X-Error-Code headers the real hub sends; huggingface_hub turns them
   into its own exception classes, which prepare maps to messages naming the knob to change.
 """
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,6 +15,7 @@ from hyperqwen.prepare.errors import SourceError
 from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.pipeline import prepare
 from hyperqwen.prepare.source import COMPLETE_MARKER
+from support.fakehub import FakeHub
 
 TOKEN = "hf_FAKE_token_never_printed_0123456789"
 
@@ -43,32 +42,9 @@ def _options(tmp_path, endpoint, **overrides) -> PrepareOptions:
 
 @pytest.fixture
 def fake_hub():
-    """Answers every request with the (status, headers) the test sets."""
-    answer = {"status": 404, "headers": {}}
-
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(self):
-            self.send_response(answer["status"])
-            for key, value in answer["headers"].items():
-                self.send_header(key, value)
-            body = json.dumps({"error": answer["headers"].get("X-Error-Message", "error")}).encode()
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        do_GET = do_HEAD = _reply
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", answer
-    server.shutdown()
-    server.server_close()
+    """The shared fake hub; each test sets the error it answers every request with."""
+    with FakeHub({}) as hub:
+        yield hub
 
 
 def _message(exc_info) -> str:
@@ -134,9 +110,8 @@ def test_offline_without_a_download(tmp_path):
     ids=["missing-repo", "gated-repo", "wrong-token", "missing-revision", "server-error"],
 )
 def test_fake_hub_error_answers_map_to_clear_messages(tmp_path, fake_hub, status, headers, expected):
-    endpoint, answer = fake_hub
-    answer.update(status=status, headers=headers)
-    options = _options(tmp_path, endpoint)
+    fake_hub.fail_every_request(status, headers)
+    options = _options(tmp_path, fake_hub.endpoint)
     with pytest.raises(SourceError) as info:
         prepare(options)
     text = _message(info)
