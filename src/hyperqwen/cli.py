@@ -1,8 +1,8 @@
 """`hyperqwen`: the one command line. Each command lives in its own module and registers itself here.
 
-`hyperqwen --help` lists the commands from the table below without importing them, so a base install
-(`pip install hyperqwen`, no extras) answers; choosing a command imports only its module, and a command
-whose optional dependencies are missing exits 2 with one line naming the extra to install.
+`hyperqwen --help` lists the commands from the table in `hyperqwen.commands` without importing them, so a
+base install (`pip install hyperqwen`, no extras) answers; choosing a command imports only its module, and a
+command whose optional dependencies are missing exits 2 with one line naming the extra to install.
 """
 
 from __future__ import annotations
@@ -12,45 +12,10 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from hyperqwen import __version__
+from hyperqwen.commands import COMMANDS, add_command
 from hyperqwen.exit_codes import Exit
-
-
-@dataclass(frozen=True)
-class Command:
-    module: str  # provides `register(subparsers)`
-    help: str
-    extra: str | None = None  # the pip extra its dependencies come from, if any
-
-
-# In the order `--help` lists them.
-COMMANDS: dict[str, Command] = {
-    "serve": Command("hyperqwen.launch.serve", "start the vLLM server for a mode (or print/explain what would start)"),
-    "plan": Command("hyperqwen.memory.cli", "print the GPU memory budget (weights, KV pool, headroom)"),
-    "calibrate": Command(
-        "hyperqwen.memory.calibrate",
-        "boot a mode once on this card; keep vLLM's memory numbers beside the model for plan/serve",
-    ),
-    "prepare": Command("hyperqwen.prepare.cli", "download and requantize the model into the models folder", "prepare"),
-    "draft-vocab-recount": Command(
-        "hyperqwen.prepare.draft_vocab",
-        "count the token ids a running server generates, for DRAFT_VOCAB_IDS",
-        "prepare",
-    ),
-    "verify": Command("hyperqwen.verify", "check the install, the model and (optionally) a running server"),
-    "bench": Command("hyperqwen.bench.cli", "benchmark a running server (speed and correctness gates)", "bench"),
-    "monitor": Command("hyperqwen.monitor", "serve the live monitor page for a running server", "bench"),
-    "patches": Command("hyperqwen.patches", "apply or check the vLLM patch series"),
-    "replicas": Command(
-        "hyperqwen.replicas.cli", "check GPUS/TP and write compose.replicas.yaml (one server per card)"
-    ),
-    "router": Command(
-        "hyperqwen.replicas.router", "serve vllm-router in front of the replicas, behind a key gate", "router"
-    ),
-    "knobs": Command("hyperqwen.docsgen", "regenerate or check .env.example and docs/knobs.md"),
-}
 
 
 class MissingExtraError(SystemExit):
@@ -89,11 +54,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hyperqwen {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, command in COMMANDS.items():
+    for name in COMMANDS:
         if name == only:
             _import_command(name).register(subparsers)
         else:
-            subparsers.add_parser(name, help=command.help, add_help=False)
+            add_command(subparsers, name, add_help=False)
     return parser
 
 

@@ -23,14 +23,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hyperqwen.cli import main as hyperqwen_main
-from hyperqwen.config.knobs import MODES
-from hyperqwen.config.settings import KNOBS_BY_NAME, parse_value
+from hyperqwen.config.apikey import key_file_path
+from hyperqwen.config.knobs import KNOBS_BY_NAME, MODES
+from hyperqwen.config.load import load_only
+from hyperqwen.config.settings import Settings, SettingsError
 from hyperqwen.exit_codes import Exit
 
 USAGE = "usage: hyperqwen-entrypoint single|batch|prepare|init|verify [ARGS...] | COMMAND [ARGS...]"
 
 # Set by compose.yaml: the host folder behind /models (for messages), the ids the services run as, and the
-# lock file (on the shared cache volume) that keeps two server profiles off one GPU.
+# lock file (on the shared cache volume) that keeps two server profiles off one GPU. Read from the environment
+# as compose sets them; the knobs the entrypoint reads (MODELS_DIR, API_KEY_FILE, VLLM_API_KEY, MODE,
+# SKIP_VERIFY) go through the settings loader instead (`_knobs`).
 HOST_MODELS_ENV = "HYPERQWEN_MODELS_HOST"
 UID_ENV, GID_ENV = "HYPERQWEN_UID", "HYPERQWEN_GID"
 GPU_LOCK_ENV = "HYPERQWEN_GPU_LOCK"
@@ -42,15 +46,22 @@ def _say(message: str) -> None:
     print(f"hyperqwen: {message}", file=sys.stderr, flush=True)
 
 
-def _skip_verify() -> bool:
-    raw = os.environ.get("SKIP_VERIFY", "").strip()
-    if not raw:
-        return False
-    try:
-        return bool(parse_value(KNOBS_BY_NAME["SKIP_VERIFY"], raw))
-    except ValueError:
-        _say(f"SKIP_VERIFY={raw!r} is not a boolean; use true or false")
-        raise SystemExit(Exit.BAD_INPUT) from None
+def _knobs(*names: str) -> Settings:
+    """The knobs `names` as every command resolves them (defaults < profile < ./.env < environment), each
+    checked by the knob table. Only these are read: a bad value of another knob is left to the command that
+    uses it, so init and the lock never stop on it. Raises SettingsError."""
+    return load_only(os.environ, names)
+
+
+def _refuse_knob(exc: SettingsError, code: int) -> int:
+    """One line naming the bad knob (the loader's message), and the exit status the command would give."""
+    first = next((p for p in exc.problems if p.severity == "error"), exc.problems[0])
+    _say(first.message)
+    return code
+
+
+def _models_dir() -> Path:
+    return Path(_knobs("MODELS_DIR").knobs.models_dir)
 
 
 # --- folders and permissions ---------------------------------------------------------------------------------
@@ -70,11 +81,12 @@ def _ids() -> tuple[int, int]:
     return uid, gid
 
 
-def host_path(path: Path) -> str:
-    """How the user finds `path` on the host: under HYPERQWEN_MODELS_HOST when it is inside MODELS_DIR."""
+def host_path(path: Path, models: Path | None = None) -> str:
+    """How the user finds `path` on the host: under HYPERQWEN_MODELS_HOST when it is inside MODELS_DIR
+    (`models`; default: the MODELS_DIR knob)."""
     host = os.environ.get(HOST_MODELS_ENV)
-    models = Path(os.environ.get("MODELS_DIR", "/models"))
     if host:
+        models = models if models is not None else _models_dir()
         try:
             relative = path.relative_to(models)
         except ValueError:
@@ -84,16 +96,17 @@ def host_path(path: Path) -> str:
     return str(path)
 
 
-def permission_line(path: Path, uid: int, gid: int) -> str:
-    """One line: which path, who owns it, and the command that fixes it."""
+def permission_line(path: Path, uid: int, gid: int, models: Path | None = None) -> str:
+    """One line: which path, who owns it, and the command that fixes it. models: MODELS_DIR (default: the knob)."""
+    models = models if models is not None else _models_dir()
     try:
         st = path.stat()
         owner = f"owned by {st.st_uid}:{st.st_gid}"
     except OSError:
         owner = "not accessible"
-    shown = host_path(path)
+    shown = host_path(path, models)
     inside = "" if shown == str(path) else f" ({path} in the container)"
-    if path.is_relative_to(Path(os.environ.get("MODELS_DIR", "/models"))):
+    if path.is_relative_to(models):
         fix = f"sudo chown -R {uid}:{gid} {shown}"
     else:  # the cache is a named volume: fix it from a root container
         fix = f"docker compose run --rm --user 0 init   (or: sudo chown -R {uid}:{gid} {shown})"
@@ -107,9 +120,9 @@ def _walk(root: Path) -> Iterator[Path]:
             yield Path(dirpath) / name
 
 
-def ensure_writable_dirs(paths: Sequence[Path], uid: int, gid: int) -> list[str]:
+def ensure_writable_dirs(paths: Sequence[Path], uid: int, gid: int, models: Path) -> list[str]:
     """Create each folder and, when running as root, give everything in it to uid:gid. Returns problems
-    (one line each) for what is still not writable by uid."""
+    (one line each) for what is still not writable by uid. models: MODELS_DIR, for the messages."""
     problems = []
     for path in paths:
         try:
@@ -120,10 +133,10 @@ def ensure_writable_dirs(paths: Sequence[Path], uid: int, gid: int) -> list[str]
                     if (st.st_uid, st.st_gid) != (uid, gid):
                         os.lchown(entry, uid, gid)
         except PermissionError as exc:
-            problems.append(permission_line(Path(exc.filename or path), uid, gid))
+            problems.append(permission_line(Path(exc.filename or path), uid, gid, models))
             continue
         if not _writable_by(path, uid, gid):
-            problems.append(permission_line(path, uid, gid))
+            problems.append(permission_line(path, uid, gid, models))
     return problems
 
 
@@ -138,20 +151,16 @@ def _writable_by(path: Path, uid: int, gid: int) -> bool:
     return bool(st.st_mode & 0o003 == 0o003)
 
 
-def _key_file(models: Path) -> Path:
-    name = Path(os.environ.get("API_KEY_FILE") or "api_key.txt").expanduser()
-    return name if name.is_absolute() else models / name
-
-
-def ensure_api_key(models: Path, uid: int, gid: int) -> None:
+def ensure_api_key(settings: Settings, uid: int, gid: int) -> None:
     """Make sure the API key file exists, so the server, the monitor and the WebUI share one key from the first
     start (on loopback too: other local users and browser pages cannot use the API). With no key anywhere a new
     one is made; with VLLM_API_KEY set, that key is written (the WebUI's compose secret needs a file; the server
-    and the WebUI still take the environment's key first)."""
-    path = _key_file(models)
+    and the WebUI still take the environment's key first). settings: MODELS_DIR, API_KEY_FILE and VLLM_API_KEY."""
+    path = key_file_path(settings)
     if path.exists():
         return
-    from_env = os.environ.get("VLLM_API_KEY", "").strip()
+    models = Path(settings.knobs.models_dir)
+    from_env = settings.knobs.vllm_api_key
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -159,30 +168,37 @@ def ensure_api_key(models: Path, uid: int, gid: int) -> None:
     if os.geteuid() == 0:
         os.chown(path, uid, gid)
     if from_env:
-        _say(f"wrote VLLM_API_KEY to {host_path(path)} (mode 0600) for the WebUI's compose secret")
+        _say(f"wrote VLLM_API_KEY to {host_path(path, models)} (mode 0600) for the WebUI's compose secret")
     else:
-        _say(f"created an API key in {host_path(path)}; clients send it as 'Authorization: Bearer <key>'")
+        _say(f"created an API key in {host_path(path, models)}; clients send it as 'Authorization: Bearer <key>'")
 
 
 def run_init(paths: Sequence[str]) -> int:
     """compose's `init` service: create and own the models and cache folders, create the key file."""
     uid, gid = _ids()
-    models = Path(os.environ.get("MODELS_DIR", "/models"))
+    try:
+        settings = _knobs("MODELS_DIR", "API_KEY_FILE", "VLLM_API_KEY")
+    except SettingsError as exc:
+        return _refuse_knob(exc, Exit.BAD_INPUT)
+    models = Path(settings.knobs.models_dir)
     targets = [Path(p) for p in paths] or [models, Path(os.environ.get("XDG_CACHE_HOME", "/cache"))]
-    problems = ensure_writable_dirs(targets, uid, gid)
+    problems = ensure_writable_dirs(targets, uid, gid, models)
     for line in problems:
         _say(line)
     if problems:
         return Exit.FAILED
-    ensure_api_key(models, uid, gid)
-    _say(f"folders ready for uid {uid}:{gid}: " + ", ".join(host_path(p) for p in targets))
+    ensure_api_key(settings, uid, gid)
+    _say(f"folders ready for uid {uid}:{gid}: " + ", ".join(host_path(p, models) for p in targets))
     return Exit.OK
 
 
 def run_prepare(rest: Sequence[str]) -> int:
     uid, gid = os.getuid(), os.getgid()
-    models = Path(os.environ.get("MODELS_DIR", "/models"))
-    problems = ensure_writable_dirs([models], uid, gid)
+    try:
+        models = _models_dir()
+    except SettingsError as exc:
+        return _refuse_knob(exc, Exit.FAILED)  # prepare's own status for a bad knob (prepare/errors.py)
+    problems = ensure_writable_dirs([models], uid, gid, models)
     if problems:
         _say(problems[0])
         return Exit.FAILED
@@ -190,17 +206,17 @@ def run_prepare(rest: Sequence[str]) -> int:
         return hyperqwen_main(["prepare", *rest])
     except PermissionError as exc:
         path = Path(exc.filename) if exc.filename else models
-        _say(permission_line(path, uid, gid))
+        _say(permission_line(path, uid, gid, models))
         return Exit.FAILED
 
 
 # --- the server -------------------------------------------------------------------------------------------
 
 
-def check_mode(profile: str) -> str | None:
+def check_mode(profile: str, settings: Settings) -> str | None:
     """A MODE knob (from .env through env_file) must agree with the profile that picked this service."""
-    mode = os.environ.get("MODE", "").strip()
-    if mode and mode != profile:
+    mode = settings.knobs.mode
+    if settings.explicit("MODE") and mode != profile:
         return (
             f"MODE={mode} (from .env or the environment) contradicts the compose profile {profile!r}: "
             f"start `docker compose --profile {mode} up -d`, or remove MODE from .env (the profile picks the mode)"
@@ -259,7 +275,11 @@ def _refuse_and_wait(line: str) -> int:
 
 
 def run_server(profile: str, rest: Sequence[str]) -> int:
-    problem = check_mode(profile)
+    try:
+        settings = _knobs("MODE", "SKIP_VERIFY")
+    except SettingsError as exc:
+        return _refuse_knob(exc, Exit.BAD_INPUT)
+    problem = check_mode(profile, settings)
     if problem:
         _say(problem)
         return Exit.BAD_INPUT
@@ -269,7 +289,7 @@ def run_server(profile: str, rest: Sequence[str]) -> int:
         if refusal:
             return _refuse_and_wait(refusal)
     os.environ["MODE"] = profile
-    if not _skip_verify():
+    if not settings.knobs.skip_verify:
         code = hyperqwen_main(["verify"])
         if code != 0:
             _say(
@@ -281,7 +301,7 @@ def run_server(profile: str, rest: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv) or ["single"]
+    args = list(sys.argv[1:] if argv is None else argv) or [KNOBS_BY_NAME["MODE"].default]
     command, rest = args[0], args[1:]
     if command in MODES:
         return run_server(command, rest)
@@ -296,7 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.OK
     program = shutil.which(command)
     if program is None:
-        _say(f"{command!r} is neither a mode (single, batch), prepare, init, verify, nor a command on PATH.\n" + USAGE)
+        _say(
+            f"{command!r} is neither a mode ({', '.join(MODES)}), prepare, init, verify, nor a command on PATH.\n"
+            + USAGE
+        )
         return Exit.NOT_FOUND
     os.execv(program, [command, *rest])
     return Exit.OK  # pragma: no cover

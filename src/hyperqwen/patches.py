@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from hyperqwen.commands import add_command
 from hyperqwen.exit_codes import Exit
 
 SERIES_FILE = "series"
@@ -319,11 +320,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "patches",
-        help="apply, check or list the vLLM patch series (patches/series)",
-        description="Apply, check or list the ordered vLLM patch series with GNU patch (-p1, fuzz 0).",
-    )
+    parser = add_command(subparsers, "patches")
     sub = parser.add_subparsers(dest="patches_command", required=True)
     specs = (
         ("apply", cmd_apply, "apply the series in order, all or nothing (no-op when already applied)"),

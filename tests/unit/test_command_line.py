@@ -7,6 +7,8 @@ ModuleNotFoundError, as on a base install), which costs a subprocess instead of 
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import subprocess
 import sys
@@ -35,6 +37,19 @@ def test_bare_hyperqwen_lists_the_commands_and_exits_2(tmp_path):
 
 def test_every_command_has_a_typical_input():
     assert set(TYPICAL) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_command_registers_itself_with_the_help_line_of_the_table(name):
+    """`hyperqwen --help` (the table, no import) and the command's own parser give the same line."""
+    try:
+        module = importlib.import_module(COMMANDS[name].module)
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"{name}: {exc.name} is not installed")
+    subparsers = argparse.ArgumentParser(prog="hyperqwen").add_subparsers(dest="command")
+    module.register(subparsers)
+    assert list(subparsers.choices) == [name]
+    assert [action.help for action in subparsers._choices_actions] == [COMMANDS[name].help]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -42,7 +42,32 @@ def test_skip_verify_goes_straight_to_serve(tmp_path):
 
 def test_bad_skip_verify_value_is_a_clean_error(tmp_path):
     result = entrypoint("single", env={"SKIP_VERIFY": "perhaps"}, cwd=tmp_path)
-    assert result.returncode == 2 and "SKIP_VERIFY='perhaps' is not a boolean" in result.stderr
+    # The settings loader's own message, in one line.
+    [line] = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "SKIP_VERIFY='perhaps'" in line and "is not a boolean" in line
+
+
+def test_init_reads_its_knobs_through_the_loader_and_ignores_unrelated_ones(tmp_path):
+    # MAX_LEN is bad, but init reads only MODELS_DIR, API_KEY_FILE and VLLM_API_KEY: it still succeeds.
+    env = {"MODELS_DIR": str(tmp_path / "m"), "XDG_CACHE_HOME": str(tmp_path / "c"), "API_KEY_FILE": "keys/k.txt",
+           "MAX_LEN": "lots"}
+    result = entrypoint("init", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "m" / "keys" / "k.txt").is_file()
+
+
+def test_init_refuses_a_bad_key_knob_in_one_line(tmp_path):
+    env = {"MODELS_DIR": str(tmp_path / "m"), "XDG_CACHE_HOME": str(tmp_path / "c"), "VLLM_API_KEY": "zq9x"}
+    result = entrypoint("init", env=env, cwd=tmp_path)
+    [line] = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and line.startswith("hyperqwen: VLLM_API_KEY") and "zq9x" not in line
+    assert not (tmp_path / "m" / "api_key.txt").exists()
+
+
+def test_bad_mode_is_one_line_naming_the_knob(tmp_path):
+    result = entrypoint("single", env={"MODE": "both", "MODELS_DIR": str(tmp_path)}, cwd=tmp_path)
+    [line] = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and line.startswith("hyperqwen: MODE='both'") and "single | batch" in line
 
 
 def test_any_other_command_is_executed(tmp_path):

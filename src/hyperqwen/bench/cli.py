@@ -21,6 +21,7 @@ from hyperqwen.bench.runner import (
     run_workload,
     write_json_atomic,
 )
+from hyperqwen.commands import add_command
 from hyperqwen.exit_codes import Exit
 
 # Workload name -> one-line description (workloads.WORKLOADS holds the functions; a test keeps them equal).
@@ -68,12 +69,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser(
-        "bench",
-        help="benchmarks and correctness gates against an OpenAI-compatible server",
-        description="`suite` runs the whole field report; a workload name runs one workload and saves one JSON "
-        "result; `render` turns result files into Markdown; `report` rebuilds a suite's report.",
-    )
+    bench = add_command(subparsers, "bench")
     inner = bench.add_subparsers(dest="bench_command", required=True, metavar="suite|<workload>|render|report")
     from hyperqwen.bench import suite  # standard library only at import time
 

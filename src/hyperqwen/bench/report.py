@@ -64,7 +64,7 @@ def load_reference(path: Path | None = None) -> dict:
 
 def spec_of(environment: dict) -> str | None:
     knobs = environment.get("knobs") or {}
-    value = knobs.get("SPEC")
+    value = knobs.get("SPEC")  # by name: the server's environment file (JSON, masked display text), not a Settings
     return str(value).lower() if value not in (None, "") else None
 
 

@@ -60,6 +60,7 @@ def api_key(args: argparse.Namespace) -> str | None:
         if not args.api_key_file.is_file():
             raise BenchError(f"--api-key-file {args.api_key_file}: no such file")
         return args.api_key_file.read_text().strip()
+    # The bench host's own environment, by name: the bench resolves no Settings (it is a client of the server).
     return getattr(args, "api_key", None) or os.environ.get("VLLM_API_KEY") or None
 
 

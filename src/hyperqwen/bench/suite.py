@@ -162,37 +162,30 @@ def _context_steps(q: bool, max_len: int | None) -> list[Step]:
     return steps
 
 
+def _needle_step(name: str, context_tokens: int, depths: str) -> Step:
+    """A needle-in-a-haystack step: one request per depth (a comma-separated list of fractions)."""
+    return Step(
+        name,
+        "needle",
+        {"context_tokens": context_tokens, "depths": depths},
+        0.0,
+        None,
+        len(depths.split(",")),
+        f"{context_tokens:,}-token haystack, depths {depths}",
+    )
+
+
 def _task_steps(q: bool, max_len: int | None, gsm8k_dataset: str | None) -> list[Step]:
     """Needles (the long ones when the served context holds them), GSM8K and perplexity."""
     steps: list[Step] = []
     needle_ctx = _fit(1024 if q else 32_768, max_len, 128)
     depths = "0,0.5,1" if q else "0,0.25,0.5,0.75,1"
-    steps.append(
-        Step(
-            "needle",
-            "needle",
-            {"context_tokens": needle_ctx, "depths": depths},
-            0.0,
-            None,
-            len(depths.split(",")),
-            f"{needle_ctx:,}-token haystack, depths {depths}",
-        )
-    )
+    steps.append(_needle_step("needle", needle_ctx, depths))
     # Long-context needles for a server started with CTX=long (128k) or CTX=huge (200k+): run only when the
     # served context holds the haystack, since each costs minutes of prefill per depth on a 24 GB card.
     for name, haystack in () if q or max_len is None else LONG_NEEDLES.items():
         if max_len is not None and max_len >= haystack + 128:
-            steps.append(
-                Step(
-                    name,
-                    "needle",
-                    {"context_tokens": haystack, "depths": LONG_NEEDLE_DEPTHS},
-                    0.0,
-                    None,
-                    len(LONG_NEEDLE_DEPTHS.split(",")),
-                    f"{haystack:,}-token haystack, depths {LONG_NEEDLE_DEPTHS}",
-                )
-            )
+            steps.append(_needle_step(name, haystack, LONG_NEEDLE_DEPTHS))
     gsm_limit = 5 if q else None
     steps.append(
         Step(

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperqwen.config.keyrule import MAKE_KEY, key_policy_violation, path_problem
-from hyperqwen.config.settings import ENV_FAMILIES, Problem, Settings, SettingsError, describe_bind, is_loopback
+from hyperqwen.config.names import ENV_FAMILIES
+from hyperqwen.config.settings import Problem, Settings, SettingsError, describe_bind, is_loopback
 
 
 def _shown(path: Path) -> str:
@@ -38,7 +39,7 @@ class ApiKey:
 
 
 def key_file_path(settings: Settings) -> Path:
-    return settings.under_models_dir(settings["API_KEY_FILE"])
+    return settings.under_models_dir(settings.knobs.api_key_file)
 
 
 def load_api_key(settings: Settings) -> ApiKey | None:
@@ -46,9 +47,9 @@ def load_api_key(settings: Settings) -> ApiKey | None:
 
     Raises SettingsError (one line, naming the knob and the file, never the key) when the key breaks the rule
     or the file cannot be read."""
-    if settings["VLLM_API_KEY"]:
+    key = settings.knobs.vllm_api_key
+    if key:
         setting = settings.setting("VLLM_API_KEY")
-        key = settings["VLLM_API_KEY"]
         problem = key_policy_violation(key)
         if problem:
             raise SettingsError([Problem("error", f"VLLM_API_KEY ({setting.source}): {problem}", "VLLM_API_KEY")])
@@ -119,14 +120,15 @@ def exposure_problem(settings: Settings, api_key: str | None, what: str, bind: s
     """The one exposure rule of every server we start (vLLM, the monitor, the router gate): listening beyond
     this machine (BIND, or the command's own bind flag, not loopback) needs an API key. `what` names the server
     in the message."""
-    bind = bind or settings["BIND"]
+    knobs = settings.knobs
+    bind = bind or knobs.bind
     if is_loopback(bind) or api_key:
         return None
     return Problem(
         "error",
         f"BIND={describe_bind(bind)} exposes {what} beyond this machine, but no API key is set. Create one with\n"
         f"    {MAKE_KEY}\n"
-        f"(read from API_KEY_FILE, now {settings['API_KEY_FILE']!r} under MODELS_DIR) or set VLLM_API_KEY; "
+        f"(read from API_KEY_FILE, now {knobs.api_key_file!r} under MODELS_DIR) or set VLLM_API_KEY; "
         "or keep BIND=127.0.0.1.",
         "BIND",
     )
@@ -137,7 +139,7 @@ def exposure_problem(settings: Settings, api_key: str | None, what: str, bind: s
 # A variable whose name contains one of these is a secret, whatever program it belongs to
 # (HUGGING_FACE_HUB_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, ...).
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-# The families whose values are shown in clear: one table with the passthrough families (settings.py).
+# The families whose values are shown in clear: one table with the passthrough families (names.py).
 NON_SECRET_PREFIXES = tuple(prefix for prefix, clear in ENV_FAMILIES.items() if clear)
 
 

@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hyperqwen.config.keyrule import mask_assignments
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.spelling import did_you_mean
 from hyperqwen.exit_codes import Exit
@@ -447,7 +448,7 @@ def parser_refusal_reason(stderr: str) -> str:
     message = _PARSER_ERROR_RE.sub("", message, count=1)
     # pydantic's "[type=..., input_value=..., input_type=...]" repeats the value (masked below anyway).
     message = _PYDANTIC_DETAIL_RE.sub("", message)
-    return re.sub(r"=\S+", "=****", message)
+    return mask_assignments(message)
 
 
 def check_with_vllm_parser(words: Sequence[str], parser: Any | None = None) -> list[str]:

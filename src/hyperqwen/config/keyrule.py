@@ -4,6 +4,7 @@ the rule is what it is."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 # What every message, `--print`, `--explain` and report shows in place of a secret: whether it is set, never any
@@ -51,3 +52,9 @@ def path_problem(path: Path) -> str | None:
 def masked(value: object, unset: str = "(unset)") -> str:
     """A secret as it may be shown: MASK when set, `unset` when not."""
     return MASK if value else unset
+
+
+def mask_assignments(text: str) -> str:
+    """`text` with every value after '=' replaced by MASK: for a tool's error message that may echo a key given
+    as `--flag=KEY` or `NAME=KEY`."""
+    return re.sub(r"=\S+", f"={MASK}", text)

@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyperqwen.config.keyrule import MAKE_KEY
 from hyperqwen.config.sizes import EXAMPLES as SIZE_EXAMPLES
 from hyperqwen.config.sizes import UNIT_RULE
 
 MODES = ("single", "batch")
+# The repository folder of each mode: its profile.yaml and README.md.
+MODE_FOLDERS: dict[str, str] = {"single": "single-user", "batch": "batch"}
 
 _MiB, _GiB = 1024**2, 1024**3
 # EMBED_ON_HOST's --cpu-offload-gb: a cap, not an amount. With --cpu-offload-params embed_tokens only the
@@ -219,7 +222,7 @@ KNOBS: tuple[Knob, ...] = (
         "env VLLM_API_KEY",
         SECURITY,
         default="api_key.txt",
-        tradeoff="create one with: openssl rand -hex 16 > models/api_key.txt",
+        tradeoff=f"create one with: {MAKE_KEY}",
     ),
     Knob(
         "METRICS_PUBLIC",

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from hyperqwen.config.envfile import EnvFileError, read_env_file
@@ -80,6 +80,20 @@ def load_settings(
     env_values, env_path = read_env_layer(env_file, environ)
     pairs = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
     return resolve_settings(environ, mode=mode, env_file=env_values, overrides=pairs, env_file_path=env_path)
+
+
+def load_only(environ: Mapping[str, str], names: Iterable[str]) -> Settings:
+    """load_settings (defaults < mode profile < ./.env < environment) for the knobs `names` alone: every other
+    knob keeps its default, so a bad value of one of them, left to the command that reads it, cannot fail this
+    load. MODE picks the profile only when it is one of `names` (else single's applies). For the container
+    entrypoint, which acts before any command and must not stop on a knob it does not read."""
+    wanted = set(names)
+    env_values, env_path = read_env_layer(None, environ)
+    return resolve_settings(
+        {name: value for name, value in environ.items() if name in wanted},
+        env_file={name: value for name, value in env_values.items() if name in wanted},
+        env_file_path=env_path,
+    )
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:

@@ -64,11 +64,39 @@ COMMON_ENVIRONMENT = frozenset(
         "HOSTNAME", "MAIL", "EDITOR", "PAGER", "DISPLAY", "SHLVL", "LOGNAME", "TMP", "TEMP", "TMPDIR", "CI", "_",
     }
 )  # fmt: skip
-# Prefixes of other programs' variables, which legitimately sit beside our knobs.
-FOREIGN_PREFIXES = (
-    "VLLM_", "HF_", "HUGGINGFACE_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH", "NCCL_", "OMP_", "COMPOSE_",
-    "DOCKER_", "HYPERQWEN_", "TRANSFORMERS_", "TOKENIZERS_",
-)  # fmt: skip
+# Families of other programs' variables that legitimately sit beside our knobs in a .env or container
+# environment (no "did you mean" for them), and whether their values may be printed in clear by `--print` and
+# `--explain` (apikey.py shown_in_clear; a name with a secret word in it is masked in any family). The
+# clear ones are known to hold settings, not secrets; anything else passed through is shown masked: it may be a
+# token under a name we do not know.
+ENV_FAMILIES: dict[str, bool] = {
+    "VLLM_": True,
+    "CUDA_": True,
+    "NVIDIA_": True,
+    "PYTORCH_": True,
+    "TORCH": True,
+    "NCCL_": True,
+    "OMP_": True,
+    "MKL_": True,
+    "HF_HUB_": True,
+    "HF_HOME": True,
+    "HF_DATASETS_": True,
+    "HF_": False,
+    "HUGGINGFACE_": False,
+    "TRANSFORMERS_": True,
+    "TOKENIZERS_": True,
+    "HYPERQWEN_": True,
+    "PYTHON": True,
+    "TRITON_": True,
+    "CUBLAS_": True,
+    "TZ": True,
+    "LANG": True,
+    "LC_": True,
+    "COMPOSE_": False,
+    "DOCKER_": False,
+}
+# Prefixes of other programs' variables, which legitimately sit beside our knobs: no "did you mean" for them.
+FOREIGN_PREFIXES = tuple(ENV_FAMILIES)
 
 
 @dataclass(frozen=True)

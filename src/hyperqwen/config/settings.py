@@ -20,7 +20,7 @@ import yaml
 
 from hyperqwen.config.extra_args import check_extra_args
 from hyperqwen.config.keyrule import MASK, key_policy_violation, masked, path_problem
-from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODES, Knob
+from hyperqwen.config.knobs import CTX_PRESETS, KNOBS, KNOBS_BY_NAME, KV_DTYPES, MODE_FOLDERS, MODES, Knob
 from hyperqwen.config.names import unknown_names
 from hyperqwen.config.sizes import SizeError, parse_size
 from hyperqwen.config.spelling import did_you_mean
@@ -128,43 +128,47 @@ class Settings(Mapping[str, Any]):
             path = Path(value).expanduser()
         except RuntimeError:  # "~name" for a user that does not exist: a literal folder name, as the shell keeps it
             path = Path(value)
-        return path if path.is_absolute() else Path(self["MODELS_DIR"]) / path
+        return path if path.is_absolute() else Path(self.knobs.models_dir) / path
 
     @property
     def model_path(self) -> Path:
-        return self.under_models_dir(self["MODEL"])
+        return self.under_models_dir(self.knobs.model)
 
     # Typed views the launcher and the memory planner share, so both read a knob the same way.
 
     @property
     def kv_cache_dtype(self) -> str:
         """vLLM's --kv-cache-dtype: KV when set (batch's profile sets it), else the single-mode CTX preset's."""
-        if self["KV"] is not None:
-            return KV_DTYPES[self["KV"]]
-        return KV_DTYPES[CTX_PRESETS[self["CTX"]]["kv"]]
+        knobs = self.knobs
+        if knobs.kv is not None:
+            return KV_DTYPES[knobs.kv]
+        return KV_DTYPES[CTX_PRESETS[knobs.ctx]["kv"]]
 
     @property
     def configured_max_model_len(self) -> int:
         """MAX_LEN if set, else the mode profile's, else the CTX preset's (before the memory check)."""
-        if self["MAX_LEN"] is not None:
-            return int(self["MAX_LEN"])
-        return int(CTX_PRESETS[self["CTX"]]["max_len"])
+        knobs = self.knobs
+        if knobs.max_len is not None:
+            return knobs.max_len
+        return int(CTX_PRESETS[knobs.ctx]["max_len"])
 
     @property
     def num_speculative_tokens(self) -> int:
         """Draft tokens per step for the SPEC method in use (0 without speculative decoding)."""
+        knobs = self.knobs
         return {
-            "mtp": self["DRAFT_TOKENS"],
-            "dflash2": self["DFLASH_TOKENS"],
-            "ngram": self["LOOKUP_TOKENS"],
+            "mtp": knobs.draft_tokens,
+            "dflash2": knobs.dflash_tokens,
+            "ngram": knobs.lookup_tokens,
             # The verify block: lookup fills up to LOOKUP_TOKENS, the MTP head drafts DRAFT_TOKENS of it.
-            "mtp+lookup": max(self["DRAFT_TOKENS"], self["LOOKUP_TOKENS"]),
-        }.get(self["SPEC"], 0)
+            "mtp+lookup": max(knobs.draft_tokens, knobs.lookup_tokens),
+        }.get(knobs.spec, 0)
 
     @property
     def draft_path(self) -> Path | None:
         """The DFlash2 drafter directory (DRAFT under MODELS_DIR), or None when unset."""
-        return self.under_models_dir(self["DRAFT"]) if self["DRAFT"] else None
+        draft = self.knobs.draft
+        return self.under_models_dir(draft) if draft else None
 
 
 def format_value(knob: Knob, value: Any) -> str:
@@ -244,70 +248,6 @@ def parse_value(knob: Knob, raw: str) -> Any:
     return value
 
 
-# Environment names that are near a knob name by accident; never "did you mean" them.
-_COMMON_ENV = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "PWD",
-        "OLDPWD",
-        "USER",
-        "SHELL",
-        "TERM",
-        "LANG",
-        "TZ",
-        "CC",
-        "CXX",
-        "CPP",
-        "LD",
-        "HOSTNAME",
-        "MAIL",
-        "EDITOR",
-        "PAGER",
-        "DISPLAY",
-        "SHLVL",
-        "LOGNAME",
-        "TMP",
-        "TEMP",
-        "TMPDIR",
-        "CI",
-        "_",
-    }
-)
-# Families of other programs' variables that legitimately sit beside our knobs in a .env or container
-# environment (no "did you mean" for them), and whether their values may be printed in clear by `--print` and
-# `--explain` (config/apikey.py shown_in_clear; a name with a secret word in it is masked in any family). The
-# clear ones are known to hold settings, not secrets; anything else passed through is shown masked: it may be a
-# token under a name we do not know.
-ENV_FAMILIES: dict[str, bool] = {
-    "VLLM_": True,
-    "CUDA_": True,
-    "NVIDIA_": True,
-    "PYTORCH_": True,
-    "TORCH": True,
-    "NCCL_": True,
-    "OMP_": True,
-    "MKL_": True,
-    "HF_HUB_": True,
-    "HF_HOME": True,
-    "HF_DATASETS_": True,
-    "HF_": False,
-    "HUGGINGFACE_": False,
-    "TRANSFORMERS_": True,
-    "TOKENIZERS_": True,
-    "HYPERQWEN_": True,
-    "PYTHON": True,
-    "TRITON_": True,
-    "CUBLAS_": True,
-    "TZ": True,
-    "LANG": True,
-    "LC_": True,
-    "COMPOSE_": False,
-    "DOCKER_": False,
-}
-_PASSTHROUGH_PREFIXES = tuple(ENV_FAMILIES)
-
-
 # Knobs that name a file or directory (relative ones under MODELS_DIR).
 PATH_KNOBS = tuple(
     k.name for k in KNOBS if k.kind == "str" and (k.name.endswith(("_DIR", "_FILE")) or "under MODELS_DIR" in k.doc)
@@ -319,7 +259,7 @@ PATH_KNOBS = tuple(
 
 def profile_path(mode: str) -> Path:
     """Where the mode's profile lives: the repo's single-user/ or batch/, or the copy inside the wheel."""
-    folder = {"single": "single-user", "batch": "batch"}[mode]
+    folder = MODE_FOLDERS[mode]
     packaged = Path(__file__).parent / "_profiles" / f"{mode}.yaml"
     if packaged.is_file():
         return packaged
@@ -415,7 +355,7 @@ def resolve_settings(
     if mode is not None:
         overrides["MODE"] = mode
     mode_setting = _resolve_one(KNOBS_BY_NAME["MODE"], None, None, layers, problems)
-    chosen_mode = mode_setting.value if mode_setting.value in MODES else "single"
+    chosen_mode = mode_setting.value if mode_setting.value in MODES else KNOBS_BY_NAME["MODE"].default
 
     if profiles is not None:
         profile_values = dict(profiles.get(chosen_mode, {}))
@@ -470,7 +410,8 @@ def _resolve_one(
 def check_combination(settings: Settings) -> list[Problem]:
     """Cross-knob checks: contradictions, knobs the mode or method ignores."""
     problems: list[Problem] = []
-    mode, spec = settings.mode, settings["SPEC"]
+    knobs = settings.knobs
+    mode, spec = settings.mode, knobs.spec
 
     for name, setting in settings.by_name.items():
         if setting.explicit and mode not in setting.knob.modes:
@@ -509,27 +450,28 @@ def check_combination(settings: Settings) -> list[Problem]:
                 "KV_MEM",
             )
         )
-    if settings.explicit("TOOL_PARSER") and not settings["TOOLS"]:
+    if settings.explicit("TOOL_PARSER") and not knobs.tools:
         problems.append(Problem("warning", "TOOL_PARSER has no effect because TOOLS=false", "TOOL_PARSER"))
 
     # One key rule everywhere (keyrule.py); the key file is checked when it is read. Paths too long for Linux
     # are refused here, before anything opens them (ENAMETOOLONG).
-    if settings["VLLM_API_KEY"]:
-        violation = key_policy_violation(settings["VLLM_API_KEY"])
+    if knobs.vllm_api_key:
+        violation = key_policy_violation(knobs.vllm_api_key)
         if violation:
             problems.append(
                 Problem(
                     "error", f"VLLM_API_KEY ({settings.setting('VLLM_API_KEY').source}): {violation}", "VLLM_API_KEY"
                 )
             )
-    base_ok = not path_problem(Path(settings["MODELS_DIR"]))
+    base_ok = not path_problem(Path(knobs.models_dir))
+    # PATH_KNOBS is a list of names, so each path is read by its name.
     for name in PATH_KNOBS:
         if not settings[name] or (name != "MODELS_DIR" and not base_ok):
             continue  # a bad MODELS_DIR is reported once, not again for every path under it
         own = path_problem(Path(settings[name]))
         joined = None if own or name == "MODELS_DIR" else path_problem(settings.under_models_dir(settings[name]))
         if own or joined:
-            under = f" (under MODELS_DIR {settings['MODELS_DIR'][:60]!r})" if joined else ""
+            under = f" (under MODELS_DIR {knobs.models_dir[:60]!r})" if joined else ""
             problems.append(
                 Problem(
                     "error",
@@ -538,7 +480,7 @@ def check_combination(settings: Settings) -> list[Problem]:
                 )
             )
 
-    bind = settings["BIND"]
+    bind = knobs.bind
     if not is_publish_address(bind):
         problems.append(
             Problem(
@@ -553,7 +495,7 @@ def check_combination(settings: Settings) -> list[Problem]:
     # EXTRA_ARGS read as vLLM's parser reads it (underscores, abbreviations, dotted JSON keys): see extra_args.py.
     # The flags the argv builder sets on its own are checked where they are declared (launch/command.py).
     extra_raw = settings.setting("EXTRA_ARGS").raw
-    for message in check_extra_args(settings["EXTRA_ARGS"], extra_raw):
+    for message in check_extra_args(knobs.extra_args, extra_raw):
         problems.append(Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS"))
     return problems
 

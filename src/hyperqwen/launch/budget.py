@@ -64,7 +64,8 @@ def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | No
       MAX_LEN (warn).
     """
     configured = configured_max_model_len(settings)
-    if settings["MEMORY_CHECK"] == "off":
+    memory_check = settings.knobs.memory_check
+    if memory_check == "off":
         return LaunchBudget(configured, BudgetOutcome.NOT_CHECKED, notes=("memory check off (MEMORY_CHECK=off)",))
     if gpu is None:
         return LaunchBudget(
@@ -83,6 +84,6 @@ def decide_budget(settings: Settings, gpu: GpuFacts | None, host: HostFacts | No
         outcome = BudgetOutcome.SHORTENED if verdict.chosen else BudgetOutcome.FITS
         return LaunchBudget(verdict.max_model_len, outcome, budget, verdict.notes)
     message = "memory check: these settings do not fit the GPU.\n" + budget.explain_failure() + "\n" + MEMORY_CHECK_HINT
-    if settings["MEMORY_CHECK"] == "warn":
+    if memory_check == "warn":
         return LaunchBudget(configured, BudgetOutcome.DOES_NOT_FIT, budget, (f"warning: {message}",))
     raise SettingsError([Problem("error", message, "MAX_LEN")])

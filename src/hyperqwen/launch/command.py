@@ -19,7 +19,7 @@ from typing import Any
 from hyperqwen.config.apikey import exposure_problem, shown_in_clear
 from hyperqwen.config.extra_args import argv_value as argv_value  # re-exported: the argv's reader lives in config/
 from hyperqwen.config.extra_args import builder_overrides
-from hyperqwen.config.keyrule import MASK
+from hyperqwen.config.keyrule import MASK, mask_assignments
 from hyperqwen.config.knobs import EMBED_OFFLOAD_CAP_GIB, STRUCTURED_OUTPUT_CONFIGS
 from hyperqwen.config.settings import Problem, Settings, SettingsError, listen_address
 
@@ -120,15 +120,16 @@ def configured_max_model_len(settings: Settings) -> int:
 
 
 def speculative_config(settings: Settings) -> dict | None:
-    spec = settings["SPEC"]
+    knobs = settings.knobs
+    spec = knobs.spec
     if spec == "mtp":
-        return {"method": "mtp", "num_speculative_tokens": settings["DRAFT_TOKENS"]}
+        return {"method": "mtp", "num_speculative_tokens": knobs.draft_tokens}
     if spec == "dflash2":
         # vLLM recognises a DFlash/DFlash2 drafter by its architecture; the method name is "dflash".
         return {
             "method": "dflash",
-            "model": str(settings.under_models_dir(settings["DRAFT"])),
-            "num_speculative_tokens": settings["DFLASH_TOKENS"],
+            "model": str(settings.under_models_dir(knobs.draft)),
+            "num_speculative_tokens": knobs.dflash_tokens,
         }
     if spec == "ngram":
         # Prompt lookup: the last 5..2 tokens are matched in the prompt and earlier output (longest first) and
@@ -136,7 +137,7 @@ def speculative_config(settings: Settings) -> dict | None:
         # repeats shorter than 5 tokens (a judgement, not a measurement yet: the CPU test is still to come).
         return {
             "method": "ngram",
-            "num_speculative_tokens": settings["LOOKUP_TOKENS"],
+            "num_speculative_tokens": knobs.lookup_tokens,
             "prompt_lookup_min": 2,
             "prompt_lookup_max": 5,
         }
@@ -151,7 +152,7 @@ def speculative_config(settings: Settings) -> dict | None:
             "context_lookup": True,
             "context_lookup_min": 2,
             "context_lookup_max": 5,
-            "context_drafter_tokens": settings["DRAFT_TOKENS"],
+            "context_drafter_tokens": knobs.draft_tokens,
         }
     return None
 
@@ -189,9 +190,10 @@ def build_command(
     Raises SettingsError when the combination is unsafe (exposed without a key) or EXTRA_ARGS overrides one of
     BUILDER_FLAGS.
     """
-    bind = settings["BIND"]
+    knobs = settings.knobs
+    bind = knobs.bind
     refuse_exposed_without_key(settings, api_key)
-    overrides = builder_overrides(settings["EXTRA_ARGS"], BUILDER_FLAGS)
+    overrides = builder_overrides(knobs.extra_args, BUILDER_FLAGS)
     if overrides:
         raise SettingsError([Problem("error", f"EXTRA_ARGS: {message}", "EXTRA_ARGS") for message in overrides])
 
@@ -203,23 +205,23 @@ def build_command(
     model_len = settings.configured_max_model_len if max_model_len is None else max_model_len
     args: list[str] = [
         option("--model", str(settings.model_path)),
-        option("--served-model-name", settings["SERVED_MODEL_NAME"]),
+        option("--served-model-name", knobs.served_model_name),
         option("--host", host),
-        option("--port", settings["PORT"]),
-        option("--dtype", settings["DTYPE"]),
+        option("--port", knobs.port),
+        option("--dtype", knobs.dtype),
         option("--max-model-len", model_len),
         option("--kv-cache-dtype", kv_dtype),
-        option("--mamba-ssm-cache-dtype", settings["STATE_DTYPE"]),
+        option("--mamba-ssm-cache-dtype", knobs.state_dtype),
         # Always explicit: recent vLLM turns prefix caching on by default for hybrid models.
-        "--enable-prefix-caching" if settings["PREFIX_CACHE"] else "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if knobs.prefix_cache else "--no-enable-prefix-caching",
     ]
     args += feature_args(settings)
-    gdn_prefill = settings["GDN_PREFILL"]
+    gdn_prefill = knobs.gdn_prefill
     if gdn_prefill == "auto" and gdn_prefill_fallback:
         gdn_prefill = "triton"
     if gdn_prefill != "auto":
         args.append(option("--gdn-prefill-backend", gdn_prefill))
-    args += list(settings["EXTRA_ARGS"])
+    args += list(knobs.extra_args)
     env, unset = server_env(settings, api_key)
     return VllmCommand(
         argv=(python, "-m", VLLM_SERVER_MODULE, *args),
@@ -228,7 +230,7 @@ def build_command(
         problems=settings.problems,
         kv_cache_dtype=kv_dtype,
         max_model_len=model_len,
-        owned=OwnedValues(host, settings["PORT"], str(settings.model_path), settings["SERVED_MODEL_NAME"]),
+        owned=OwnedValues(host, knobs.port, str(settings.model_path), knobs.served_model_name),
     )
 
 
@@ -242,69 +244,72 @@ def refuse_exposed_without_key(settings: Settings, api_key: str | None) -> None:
 def feature_args(settings: Settings) -> list[str]:
     """The flags of the knobs that switch features on or off (prefix caching details, TP, offloading,
     speculative decoding, tools, thinking, ...)."""
+    knobs = settings.knobs
     args: list[str] = []
-    if settings["PREFIX_CACHE"]:
+    if knobs.prefix_cache:
         # usage.prompt_tokens_details.cached_tokens; /v1/messages reports it as cache_read_input_tokens.
         args.append("--enable-prompt-tokens-details")
-    if settings["TP"] > 1:
+    if knobs.tp > 1:
         # One server over TP cards (docs/multi-gpu.md); memory/parallel.py plans one rank's share.
-        args.append(option("--tensor-parallel-size", settings["TP"]))
-    if settings["SCALE_OUT"]:
+        args.append(option("--tensor-parallel-size", knobs.tp))
+    if knobs.scale_out:
         # vllm-router's cache_aware policy renders each request on a replica to match prefixes by token ids
         # (vllm/entrypoints/scale_out/factories.py: without this flag those routes answer 403).
         args.append("--enable-scale-out")
-    if not settings["VISION"]:
+    if not knobs.vision:
         args.append("--language-model-only")
-    for knob, flag in (
-        ("MAX_SEQS", "--max-num-seqs"),
-        ("MAX_BATCHED_TOKENS", "--max-num-batched-tokens"),
-        ("GPU_UTIL", "--gpu-memory-utilization"),
-        ("KV_MEM", "--kv-cache-memory-bytes"),
-    ):
-        if settings[knob] is not None:
-            args.append(option(flag, settings[knob]))
-    if settings["RAM_CACHE"] is not None:
+    optional: tuple[tuple[int | float | None, str], ...] = (
+        (knobs.max_seqs, "--max-num-seqs"),
+        (knobs.max_batched_tokens, "--max-num-batched-tokens"),
+        (knobs.gpu_util, "--gpu-memory-utilization"),
+        (knobs.kv_mem, "--kv-cache-memory-bytes"),
+    )
+    for value, flag in optional:
+        if value is not None:
+            args.append(option(flag, value))
+    if knobs.ram_cache is not None:
         # vLLM's native offloading connector takes GiB (config/vllm.py, kv_offloading_size); the planner checked
         # the host has the RAM (memory/host.py).
         args += [
-            option("--kv-offloading-size", f"{settings['RAM_CACHE'] / 2**30:g}"),
+            option("--kv-offloading-size", f"{knobs.ram_cache / 2**30:g}"),
             option("--kv-offloading-backend", "native"),
         ]
-    if settings["EMBED_ON_HOST"]:
+    if knobs.embed_on_host:
         # vLLM's UVA offloader limited to the embedding's parameters; patch 0065 passes the embedding through
         # it (memory/budget.py takes its bytes off the GPU weights and checks the host RAM).
         args += [option("--cpu-offload-gb", EMBED_OFFLOAD_CAP_GIB), option("--cpu-offload-params", "embed_tokens")]
     spec = speculative_config(settings)
     if spec is not None:
         args.append(option("--speculative-config", json.dumps(spec, separators=(",", ":"))))
-    if settings["TOOLS"]:
+    if knobs.tools:
         # "parameter": a forced call (tool_choice named/required) is grammar-held to the tool's JSON schema,
         # not only its <function=NAME> frame (vllm/tool_parsers/structural_tag_registry.py,
         # resolve_tool_strictness); under tool_choice=auto a started call is held to it too. docs/agents.md.
         args += [
             "--enable-auto-tool-choice",
-            option("--tool-call-parser", settings["TOOL_PARSER"]),
+            option("--tool-call-parser", knobs.tool_parser),
             option("--tool-strict-level", "parameter"),
         ]
     # The structured-output grammar (STRUCTURED_OUTPUT_CONFIGS in config/knobs.py says why compact by default);
     # dotted flags, which vLLM's parser merges into one --structured-outputs-config.
-    for key, value in STRUCTURED_OUTPUT_CONFIGS[settings["STRUCTURED_OUTPUT"]].items():
+    for key, value in STRUCTURED_OUTPUT_CONFIGS[knobs.structured_output].items():
         args.append(
             option(f"--structured-outputs-config.{key}", value if isinstance(value, str) else json.dumps(value))
         )
-    if settings["REASONING_PARSER"] != "none":
-        args.append(option("--reasoning-parser", settings["REASONING_PARSER"]))
+    if knobs.reasoning_parser != "none":
+        args.append(option("--reasoning-parser", knobs.reasoning_parser))
     # 0.32.0 has no server-wide thinking switch; this sets the default a request can still override.
-    args.append(option("--default-chat-template-kwargs", json.dumps({"enable_thinking": bool(settings["THINKING"])})))
+    args.append(option("--default-chat-template-kwargs", json.dumps({"enable_thinking": bool(knobs.thinking)})))
     # Agents give up on a silent stream (a long prefill); patch 0022 extends this to /v1/messages and responses.
-    args.append(option("--sse-keep-alive-interval", settings["STREAM_KEEPALIVE"]))
-    if settings["TEMPERATURE"] is not None:
-        args.append(option("--override-generation-config", json.dumps({"temperature": settings["TEMPERATURE"]})))
+    args.append(option("--sse-keep-alive-interval", knobs.stream_keepalive))
+    if knobs.temperature is not None:
+        args.append(option("--override-generation-config", json.dumps({"temperature": knobs.temperature})))
     return args
 
 
 def server_env(settings: Settings, api_key: str | None) -> tuple[dict[str, str], tuple[str, ...]]:
     """Variables set for the server (the key, our patches' switches, passed-through ones) and those removed."""
+    knobs = settings.knobs
     env = dict(settings.passthrough_env)
     unset: tuple[str, ...] = ()
     if api_key:
@@ -312,18 +317,18 @@ def server_env(settings: Settings, api_key: str | None) -> tuple[dict[str, str],
     else:
         unset = ("VLLM_API_KEY",)  # an inherited empty or stale value must not half-enable auth
     # Read by patch 0002 (vLLM's auth middleware); always explicit, so an inherited value cannot open /metrics.
-    env["HYPERQWEN_METRICS_PUBLIC"] = "1" if settings["METRICS_PUBLIC"] else "0"
+    env["HYPERQWEN_METRICS_PUBLIC"] = "1" if knobs.metrics_public else "0"
     # Read by patch 0017 (size limits enforced before the key check and before JSON parsing).
-    env["HYPERQWEN_MAX_HEADER_BYTES"] = str(settings["MAX_HEADER_BYTES"])
-    env["HYPERQWEN_MAX_BODY_BYTES"] = str(settings["MAX_BODY_BYTES"])
+    env["HYPERQWEN_MAX_HEADER_BYTES"] = str(knobs.max_header_bytes)
+    env["HYPERQWEN_MAX_BODY_BYTES"] = str(knobs.max_body_bytes)
     # Read by patch 0023 (a request's effort may switch thinking only when allowed); docs/agents.md.
-    env["HYPERQWEN_CLIENT_THINKING"] = "1" if settings["CLIENT_THINKING"] else "0"
+    env["HYPERQWEN_CLIENT_THINKING"] = "1" if knobs.client_thinking else "0"
     # Read by patch 0040 (engine stall sentinel); docs/troubleshooting.md.
-    env["HYPERQWEN_ENGINE_STALL_TIMEOUT"] = str(settings["ENGINE_STALL_TIMEOUT"])
+    env["HYPERQWEN_ENGINE_STALL_TIMEOUT"] = str(knobs.engine_stall_timeout)
     # Read by patch 0060 (": prefill N/M" stream comments); docs/agents.md.
-    env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] = str(settings["STREAM_PROGRESS"])
-    if settings["HF_TOKEN"]:
-        env["HF_TOKEN"] = settings["HF_TOKEN"]
+    env["HYPERQWEN_PREFILL_PROGRESS_INTERVAL"] = str(knobs.stream_progress)
+    if knobs.hf_token:
+        env["HF_TOKEN"] = knobs.hf_token
 
     return env, unset
 
@@ -335,9 +340,15 @@ def check_owned_values(settings: Settings) -> list[Problem]:
     `..` part, so MODELS_DIR plus a relative MODEL cannot point the server elsewhere); neither MODEL nor
     SERVED_MODEL_NAME may be empty, start with '-' (an option to any reader who splits on spaces) or hold
     control characters (settings refuse those on input; this guards every other caller)."""
+    knobs = settings.knobs
     problems: list[Problem] = []
-    for name in ("MODELS_DIR", "MODEL", "SERVED_MODEL_NAME", "DRAFT"):
-        value = str(settings[name] or "")
+    for name, configured in (
+        ("MODELS_DIR", knobs.models_dir),
+        ("MODEL", knobs.model),
+        ("SERVED_MODEL_NAME", knobs.served_model_name),
+        ("DRAFT", knobs.draft),
+    ):
+        value = str(configured or "")
         if name == "DRAFT" and not value:
             continue
         shown = value if len(value) <= 60 else value[:57] + "..."
@@ -425,11 +436,10 @@ def check_command(command: VllmCommand, parser: Any | None = None) -> list[str]:
                 got = _table_owned_values(command.vllm_args)
     except SystemExit:
         said = [line for line in captured.getvalue().splitlines() if line.strip()]
-        message = re.sub(r"=\S+", "=****", said[-1].strip()) if said else "it exits"
+        message = mask_assignments(said[-1].strip()) if said else "it exits"
         return [f"vLLM's own parser refuses the final command line: {message}"]
     except ValueError as exc:
-        masked = re.sub(r"=\S+", "=****", str(exc))
-        return [f"vLLM's own parser refuses the final command line: {masked}"]
+        return [f"vLLM's own parser refuses the final command line: {mask_assignments(str(exc))}"]
     messages = []
     for name, want in command.owned.expected().items():
         if got.get(name) != want:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hyperqwen.commands import add_command
 from hyperqwen.config.apikey import describe_api_key, read_api_key
 from hyperqwen.config.knobs import KNOBS
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
@@ -27,6 +28,7 @@ from hyperqwen.launch.command import (
     check_command_with_vllm,
     gdn_prefill_fallback,
 )
+from hyperqwen.memory.gpu import add_card_argument
 
 if TYPE_CHECKING:
     from hyperqwen.memory import GpuFacts
@@ -71,7 +73,7 @@ def read_gpu() -> GpuFacts | None:
 
 def read_host(settings: Settings) -> HostFacts | None:
     """This machine's RAM, read only when RAM_CACHE asks for some of it."""
-    if settings["RAM_CACHE"] is None:
+    if settings.knobs.ram_cache is None:
         return None
     from hyperqwen.memory.host import read_host_facts
 
@@ -120,7 +122,7 @@ def prepare_launch(
         settings,
         max_model_len=budget.max_model_len,
         api_key=api_key,
-        listen_host=listen_host(environ, settings["BIND"]),
+        listen_host=listen_host(environ, settings.knobs.bind),
         gdn_prefill_fallback=gdn_reason is not None,
     )
     return Launch(settings, budget, command, gdn_reason)
@@ -160,6 +162,13 @@ def report(problems: Sequence[Problem]) -> None:
             print(f"hyperqwen: {problem}", file=sys.stderr)
 
 
+def refuse_start(problems: Sequence[Problem], said: str = "nothing was started.") -> int:
+    """Report the problems, then what that means for the start; the exit code the command returns."""
+    report(problems)
+    print(f"hyperqwen: {said}", file=sys.stderr)
+    return Exit.BAD_INPUT
+
+
 def exec_environment(command: VllmCommand, environ: Mapping[str, str]) -> dict[str, str]:
     env = {name: value for name, value in environ.items() if name not in command.unset_env}
     env.update(command.env)
@@ -175,8 +184,9 @@ def write_server_environment(launch: Launch, environ: Mapping[str, str]) -> dict
     from hyperqwen.launch.serverside import ENVIRONMENT_FILE_ENV, default_environment_path, write_environment_file
 
     settings = launch.settings
-    path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path(settings["PORT"]))
-    if settings["MAX_LEN"] != launch.budget.max_model_len:  # the knobs as they run, MAX_LEN included
+    knobs = settings.knobs
+    path = Path(environ.get(ENVIRONMENT_FILE_ENV) or default_environment_path(knobs.port))
+    if knobs.max_len != launch.budget.max_model_len:  # the knobs as they run, MAX_LEN included
         settings = settings.with_value("MAX_LEN", launch.budget.max_model_len, PLANNER)
     try:
         write_environment_file(path, settings, settings.model_path)
@@ -197,7 +207,7 @@ def check_model_dir(settings: Settings) -> list[Problem]:
         return [
             Problem(
                 "error",
-                f"MODEL={settings['MODEL']}: no checkpoint at {path} (config.json missing). "
+                f"MODEL={settings.knobs.model}: no checkpoint at {path} (config.json missing). "
                 "Run `docker compose run --rm prepare` (or `hyperqwen prepare`) to create it, or point MODEL "
                 "(and MODELS_DIR) at a prepared checkpoint directory.",
                 "MODEL",
@@ -213,7 +223,8 @@ def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
     that parser; this is the parser itself, so a vLLM that parses differently from the table cannot let an
     owned option or a stray word through. Skipped when EXTRA_ARGS is empty.
     """
-    if not settings["EXTRA_ARGS"]:
+    extra_args = settings.knobs.extra_args
+    if not extra_args:
         return []
     import importlib.util
 
@@ -221,10 +232,7 @@ def check_extra_args_with_vllm(settings: Settings) -> list[Problem]:
         return []
     from hyperqwen.config.extra_args import check_with_vllm_parser
 
-    return [
-        Problem("error", f"EXTRA_ARGS {message}", "EXTRA_ARGS")
-        for message in check_with_vllm_parser(settings["EXTRA_ARGS"])
-    ]
+    return [Problem("error", f"EXTRA_ARGS {message}", "EXTRA_ARGS") for message in check_with_vllm_parser(extra_args)]
 
 
 def check_before_start(launch: Launch) -> list[Problem]:
@@ -281,8 +289,9 @@ def run(
             if model_problems:
                 report(model_problems)
                 return Exit.BAD_INPUT
-        gpu = None if settings["MEMORY_CHECK"] == "off" else gpu_reader()
-        gdn_reason = gdn_prober() if settings["GDN_PREFILL"] == "auto" else None
+        knobs = settings.knobs
+        gpu = None if knobs.memory_check == "off" else gpu_reader()
+        gdn_reason = gdn_prober() if knobs.gdn_prefill == "auto" else None
         launch = prepare_launch(
             settings,
             environ,
@@ -292,17 +301,12 @@ def run(
             gdn_reason=gdn_reason,
         )
     except SettingsError as exc:
-        report(exc.problems)
-        print(
-            "hyperqwen: nothing was started; `hyperqwen serve --explain` shows every setting and its source.",
-            file=sys.stderr,
+        return refuse_start(
+            exc.problems, "nothing was started; `hyperqwen serve --explain` shows every setting and its source."
         )
-        return Exit.BAD_INPUT
     problems = check_before_start(launch)
     if problems:
-        report(problems)
-        print("hyperqwen: nothing was started.", file=sys.stderr)
-        return Exit.BAD_INPUT
+        return refuse_start(problems)
     if args.explain:
         print(explain(launch))
         return Exit.OK
@@ -314,9 +318,7 @@ def run(
         return Exit.OK
     problems = check_with_vllm_before_exec(launch)
     if problems:
-        report(problems)
-        print("hyperqwen: nothing was started.", file=sys.stderr)
-        return Exit.BAD_INPUT
+        return refuse_start(problems)
     print(f"hyperqwen: {launch.budget.summary()}", file=sys.stderr)
     for note in launch.notes:
         print(f"hyperqwen: {note}", file=sys.stderr)
@@ -331,20 +333,13 @@ def run(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve",
-        help="start the vLLM server for a mode (or print/explain what would start)",
-        description="Resolve the knobs (defaults < mode profile < .env < environment < --set), decide the memory "
-        "budget, build the vLLM command once, and print, explain or exec it.",
-    )
+    parser = add_command(subparsers, "serve", func=run)
     add_settings_arguments(parser)
     parser.add_argument("--print", action="store_true", help="print the exact command and environment; start nothing")
     parser.add_argument("--explain", action="store_true", help="show every setting, its value and its source")
-    parser.add_argument(
-        "--gpu",
-        metavar="CARD",
+    add_card_argument(
+        parser,
+        "with --print/--explain, plan for this card instead of the one here",
         default="auto",
-        help="with --print/--explain: plan for this card instead of the one here, by name "
-        "(rtx3090, rtx4090, ...) or CUDA total (23.5GiB); default: the card CUDA reports",
+        default_text="the card CUDA reports",
     )
-    parser.set_defaults(func=run)

@@ -18,7 +18,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hyperqwen.config.settings import Settings
 
 ENVIRONMENT_FILE_ENV = "HYPERQWEN_ENVIRONMENT_FILE"
 ROUTE = "/hyperqwen/environment"
@@ -120,12 +123,12 @@ def calibration_facts(model_dir: Path) -> dict[str, Any]:
     return {"file": CALIBRATION_FILE, "measurements": [m.to_dict() for m in measurements]}
 
 
-def knob_facts(settings: Any) -> dict[str, str]:
+def knob_facts(settings: Settings) -> dict[str, str]:
     """Every knob in effect, as `Settings.display` shows it (secrets masked, never partially)."""
     return {name: settings.setting(name).display() for name in settings}
 
 
-def collect_environment(settings: Any = None, model_dir: Path | None = None) -> dict[str, Any]:
+def collect_environment(settings: Settings | None = None, model_dir: Path | None = None) -> dict[str, Any]:
     """What `hyperqwen serve` knows before vLLM starts. `settings`: hyperqwen.config Settings (or None)."""
     if model_dir is None and settings is not None:
         model_dir = settings.model_path
@@ -146,7 +149,7 @@ def collect_environment(settings: Any = None, model_dir: Path | None = None) -> 
         "patch_series": patch_series(),
         "model": model_facts(model_dir) if model_dir is not None else None,
         "calibration": calibration_facts(model_dir) if model_dir is not None else None,
-        "mode": getattr(settings, "mode", None),
+        "mode": settings.mode if settings is not None else None,
         "knobs": knob_facts(settings) if settings is not None else None,
     }
 
@@ -160,7 +163,9 @@ def default_environment_path(port: int | str) -> Path:
     return Path(tempfile.gettempdir()) / "hyperqwen" / f"environment-{port}.json"
 
 
-def write_environment_file(path: Path, settings: Any = None, model_dir: Path | None = None) -> dict[str, Any]:
+def write_environment_file(
+    path: Path, settings: Settings | None = None, model_dir: Path | None = None
+) -> dict[str, Any]:
     """Write collect_environment() to path atomically (0600: it lists the knobs) and return it."""
     doc = collect_environment(settings, model_dir)
     path.parent.mkdir(parents=True, exist_ok=True)

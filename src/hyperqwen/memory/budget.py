@@ -138,6 +138,7 @@ class MemoryInputs:
     ) -> MemoryInputs:
         knobs = settings.knobs
         util = knobs.gpu_util
+        # By name: the measured terms are one table of knobs (TERM_KNOBS), taken together.
         values: dict[str, int | None] = {name: settings[name] for name in TERM_KNOBS}
         values.update(terms or {})
         return cls(

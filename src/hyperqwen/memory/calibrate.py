@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from hyperqwen.commands import add_command
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Settings, SettingsError
 from hyperqwen.exit_codes import Exit
@@ -128,11 +129,13 @@ def _refusal(settings: Settings) -> str | None:
     """Settings with which vLLM does not measure what calibrate reads, or which no single boot represents."""
     if settings.knobs.kv_mem is not None:
         return (
-            f"KV_MEM={settings['KV_MEM']} pins the pool, so vLLM does not size it from a profile: unset KV_MEM "
+            f"KV_MEM={settings.knobs.kv_mem} pins the pool, so vLLM does not size it from a profile: unset KV_MEM "
             "to calibrate (the measurement then holds for a pinned pool too)"
         )
     if int(settings.knobs.tp) != 1:
-        return f"TP={settings['TP']}: calibrate measures one whole card; set TP=1 (each rank of TP is planned per card)"
+        return (
+            f"TP={settings.knobs.tp}: calibrate measures one whole card; set TP=1 (each rank of TP is planned per card)"
+        )
     return None
 
 
@@ -273,16 +276,17 @@ def _summary(m: Measurement, estimate: MemoryBudget | None, path: Path) -> str:
     return "\n".join(lines)
 
 
+# `hyperqwen calibrate --help`'s opening paragraph (here, not in the command table: it names CALIBRATION_FILE).
+DESCRIPTION = (
+    "Boot `hyperqwen serve` once with these settings on a fresh compile cache, read vLLM's own memory numbers "
+    f"from its log and write them to MODELS_DIR/MODEL/{CALIBRATION_FILE}, which `plan`, `serve` and `--explain` "
+    "then use for these settings on this card. Exit 0 written; 2 no vLLM, no GPU or no prepared model; 1 the boot "
+    "failed (vLLM's reason in one line, nothing written); 6 the model folder is not writable."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "calibrate",
-        help="boot a mode once on this card; keep vLLM's memory numbers beside the model for plan/serve",
-        description="Boot `hyperqwen serve` once with these settings on a fresh compile cache, read vLLM's own "
-        f"memory numbers from its log and write them to MODELS_DIR/MODEL/{CALIBRATION_FILE}, which `plan`, "
-        "`serve` and `--explain` then use for these settings on this card. Exit 0 written; 2 no vLLM, no GPU "
-        "or no prepared model; 1 the boot failed (vLLM's reason in one line, nothing written); 6 the model "
-        "folder is not writable.",
-    )
+    p = add_command(subparsers, "calibrate", func=run_calibrate, description=DESCRIPTION)
     p.add_argument(
         "--timeout",
         type=float,
@@ -291,4 +295,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"how long the boot may take before it counts as failed (default {DEFAULT_TIMEOUT_S})",
     )
     add_settings_arguments(p)
-    p.set_defaults(func=run_calibrate)

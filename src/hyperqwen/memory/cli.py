@@ -15,13 +15,14 @@ import os
 import sys
 from pathlib import Path
 
+from hyperqwen.commands import add_command
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import SettingsError
 from hyperqwen.config.sizes import SizeError, parse_size
 from hyperqwen.exit_codes import Exit
 from hyperqwen.memory.budget import MemoryBudget, MemoryPlanError, Outcome, format_gib
 from hyperqwen.memory.checkpoint import CheckpointError
-from hyperqwen.memory.gpu import CARDS, GpuError, parse_gpu
+from hyperqwen.memory.gpu import GpuError, add_card_argument, parse_gpu
 from hyperqwen.memory.host import HostFacts, read_host_facts
 from hyperqwen.memory.verdict import judge
 
@@ -253,20 +254,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "plan",
-        help="print the GPU memory budget (weights, KV pool, headroom)",
-        description="Compute what fits on a card from the checkpoint's config and safetensors headers (or, before "
-        "the download, the default model's bundled shapes), without loading anything. Exit 0 fits "
-        "(serve would start), 3 the MAX_LEN set does not fit but a shorter one does, 4 vLLM would refuse to boot, "
-        "5 card full after boot, 2 bad input or a refusal.",
-    )
-    p.add_argument(
-        "--gpu",
-        default="rtx3090",
-        help=f"a card ({', '.join(CARDS)}) or CUDA's total memory as a size, e.g. 23.5GiB "
-        "(GB = 10^9, GiB = 2^30); default rtx3090",
-    )
+    p = add_command(subparsers, "plan", func=run_plan)
+    add_card_argument(p, "the card to plan for", default="rtx3090", default_text="rtx3090")
     p.add_argument("--wsl2", action="store_true", help="the card under WSL2 (its driver leaves ~0.5 GiB less)")
     p.add_argument("--reserved", help="memory other programs hold on the card (desktop, browser), e.g. 1.5GiB")
     p.add_argument("--host-ram", help="host RAM available for RAM_CACHE, e.g. 64GiB (default: this machine's)")
@@ -276,7 +265,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="print every term of the budget and its source")
     p.add_argument("--model-dir", help="checkpoint directory (default: MODELS_DIR/MODEL, else the bundled shapes)")
     add_settings_arguments(p)
-    p.set_defaults(func=run_plan)
 
 
 def main(argv: list[str] | None = None) -> int:

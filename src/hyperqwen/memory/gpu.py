@@ -8,6 +8,7 @@ keeps a slice for itself. So a card's total here is always CUDA's. Every caller 
 
 from __future__ import annotations
 
+import argparse
 import math
 import shutil
 import subprocess
@@ -261,3 +262,17 @@ def compute_capability(device_index: int = 0) -> tuple[int, int] | None:
 def fraction_that_fits(free_bytes: int, total_bytes: int) -> float:
     """The largest GPU_UTIL (3 decimals) whose request vLLM's startup check accepts with `free_bytes` free."""
     return math.floor(free_bytes / total_bytes * 1000) / 1000 if total_bytes else 0.0
+
+
+def add_card_argument(
+    parser: argparse.ArgumentParser, purpose: str, default_text: str, default: str | None = None
+) -> None:
+    """The one `--gpu CARD` option every command that plans for a card takes (read with parse_gpu); `purpose`
+    and `default_text` say what the card is for and what is planned for without the option."""
+    parser.add_argument(
+        "--gpu",
+        metavar="CARD",
+        default=default,
+        help=f"{purpose}: a card by name ({', '.join(CARDS)}) or CUDA's total memory as a size, e.g. 23.5GiB "
+        f"(GB = 10^9, GiB = 2^30); default: {default_text}",
+    )

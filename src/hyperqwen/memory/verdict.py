@@ -109,7 +109,9 @@ def drafter_missing(settings: Settings) -> str | None:
             f"{prepare} fetches the pinned drafter into {settings.under_models_dir(DFLASH2_DRAFTER_DIR)} "
             f"(DRAFT's default), or put your drafter at {draft}"
         )
-    return f"the DFlash2 drafter is not downloaded yet: DRAFT={settings['DRAFT']} has no config.json at {draft}; {fix}"
+    return (
+        f"the DFlash2 drafter is not downloaded yet: DRAFT={settings.knobs.draft} has no config.json at {draft}; {fix}"
+    )
 
 
 def judge(

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from hyperqwen.commands import add_command
 from hyperqwen.exit_codes import Exit
 
 
@@ -65,11 +66,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "monitor",
-        help="serve a live monitoring page for a running server",
-        description="Scrape the server's /metrics and serve a page with live charts (tokens/s, TTFT, "
-        "speculative acceptance, KV use, prefix-cache hits, queue) and recent requests.",
-    )
+    parser = add_command(subparsers, "monitor", func=run)
     add_arguments(parser)
-    parser.set_defaults(func=run)

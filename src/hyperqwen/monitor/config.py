@@ -63,26 +63,27 @@ def check_upstream(url: str) -> str:
 def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> MonitorConfig:
     """Resolve flags and knobs. Raises SettingsError (naming the knob or flag) on anything wrong."""
     settings = settings_from_args(args, environ)
+    knobs = settings.knobs
     api_key = read_api_key(settings)
-    bind = args.bind or settings["BIND"]
+    bind = args.bind or knobs.bind
     listen = args.bind or listen_host(environ, bind)
-    # A flag, when given, is checked against the same schema entry as its knob.
+    # A flag, when given, is checked against the same schema entry as its knob, and wins over the knob's value.
     flags = {
-        "MONITOR_PORT": ("--port", args.port),
-        "MONITOR_INTERVAL": ("--interval", args.interval),
-        "MONITOR_HISTORY": ("--history", args.history),
+        "MONITOR_PORT": ("--port", args.port, knobs.monitor_port),
+        "MONITOR_INTERVAL": ("--interval", args.interval, knobs.monitor_interval),
+        "MONITOR_HISTORY": ("--history", args.history, knobs.monitor_history),
     }
-    for name, (flag, value) in flags.items():
+    for name, (flag, value, _) in flags.items():
         knob = KNOBS_BY_NAME[name]
         if value is not None and not knob.min <= value <= knob.max:
             raise SettingsError(
                 [Problem("error", f"{flag} {value} is out of range; allowed: {knob.allowed_text()}", name)]
             )
-    port, interval, history = (settings[name] if value is None else value for name, (_, value) in flags.items())
+    port, interval, history = (configured if value is None else value for _, value, configured in flags.values())
     # Several servers (replicas behind a router): comma separated, each checked like one.
     upstreams = [
         check_upstream(url.strip())
-        for url in (args.upstream or f"http://127.0.0.1:{settings['PORT']}").split(",")
+        for url in (args.upstream or f"http://127.0.0.1:{knobs.port}").split(",")
         if url.strip()
     ] or [check_upstream("")]
     upstream = upstreams[0]

@@ -92,6 +92,17 @@ class Scrape:
 
 _HISTOGRAM_BY_NAME = {name: key for key, name in HISTOGRAMS.items()}
 
+# Counters summed over label sets into a Scrape field that stays None while the server exports none of them.
+_OPTIONAL_COUNTERS = {
+    PREFIX_QUERIES: "prefix_queries",
+    PREFIX_HITS: "prefix_hits",
+    RAM_CACHE_QUERIES: "ram_cache_queries",
+    RAM_CACHE_HITS: "ram_cache_hits",
+    SPEC_DRAFTS: "spec_drafts",
+    SPEC_DRAFT_TOKENS: "spec_draft_tokens",
+    SPEC_ACCEPTED: "spec_accepted",
+}
+
 
 def _add(current: float | None, value: float) -> float:
     return (current or 0.0) + value
@@ -121,20 +132,9 @@ def parse_scrape(text: str, time: float) -> Scrape:
         elif name == REQUEST_SUCCESS:
             reason = labels.get("finished_reason", "unknown")
             scrape.finished[reason] = scrape.finished.get(reason, 0.0) + value
-        elif name == PREFIX_QUERIES:
-            scrape.prefix_queries = _add(scrape.prefix_queries, value)
-        elif name == PREFIX_HITS:
-            scrape.prefix_hits = _add(scrape.prefix_hits, value)
-        elif name == RAM_CACHE_QUERIES:
-            scrape.ram_cache_queries = _add(scrape.ram_cache_queries, value)
-        elif name == RAM_CACHE_HITS:
-            scrape.ram_cache_hits = _add(scrape.ram_cache_hits, value)
-        elif name == SPEC_DRAFTS:
-            scrape.spec_drafts = _add(scrape.spec_drafts, value)
-        elif name == SPEC_DRAFT_TOKENS:
-            scrape.spec_draft_tokens = _add(scrape.spec_draft_tokens, value)
-        elif name == SPEC_ACCEPTED:
-            scrape.spec_accepted = _add(scrape.spec_accepted, value)
+        elif name in _OPTIONAL_COUNTERS:
+            attr = _OPTIONAL_COUNTERS[name]
+            setattr(scrape, attr, _add(getattr(scrape, attr), value))
         elif name == SPEC_ACCEPTED_PER_POS and "position" in labels:
             pos = int(labels["position"])
             scrape.spec_accepted_per_pos[pos] = scrape.spec_accepted_per_pos.get(pos, 0.0) + value

@@ -15,7 +15,7 @@ monitor adds the fraction done and an estimate of the time left at that rate.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 PREFILL_PATH = "/hyperqwen/prefill"
@@ -46,15 +46,7 @@ class PrefillRow:
         return max(0.0, left - self.seconds_since_update)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "computed_tokens": self.computed_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "fraction": self.fraction,
-            "tokens_per_s": self.tokens_per_s,
-            "eta_s": self.eta_s,
-            "seconds_since_update": self.seconds_since_update,
-        }
+        return {**asdict(self), "fraction": self.fraction, "eta_s": self.eta_s}
 
 
 def _number(row: dict[str, Any], field: str, *, optional: bool = False) -> float | None:

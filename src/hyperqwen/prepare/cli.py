@@ -11,8 +11,9 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hyperqwen.commands import add_command
 from hyperqwen.exit_codes import Exit
 from hyperqwen.prepare.errors import (
     EXIT_FILESYSTEM,
@@ -26,6 +27,10 @@ from hyperqwen.prepare.errors import (
     filesystem_error,
 )
 
+if TYPE_CHECKING:
+    from hyperqwen.config.settings import Settings
+    from hyperqwen.prepare.options import PrepareOptions
+
 EXIT_STATUSES = (
     f"exit status: {EXIT_OK} ready; {EXIT_INPUT} a problem with a knob, the source, the hub or the token; "
     f"{Exit.BAD_INPUT} usage; {EXIT_FILESYSTEM} the file system refused (read-only, full, no inodes, permission, "
@@ -37,15 +42,7 @@ EXIT_STATUSES = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     from hyperqwen.config.load import add_settings_arguments
 
-    parser = subparsers.add_parser(
-        "prepare",
-        help="download, requantize (int8 lm_head/MTP) and verify the model; resumable and crash-safe",
-        description="Reads MODELS_DIR, MODEL, MODEL_REPO, MODEL_REVISION, HF_TOKEN, MODEL_SOURCE_DIR, HF_HUB_OFFLINE, "
-        "QUANTIZE_EMBED, DRAFT_VOCAB and DRAFT_VOCAB_IDS (defaults < mode profile < .env < environment "
-        "< --set). Re-running is a no-op once the model is prepared.",
-        epilog=EXIT_STATUSES,
-        allow_abbrev=False,
-    )
+    parser = add_command(subparsers, "prepare", func=run)
     add_settings_arguments(parser)
     parser.add_argument(
         "--verify-only",
@@ -53,7 +50,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="only verify the prepared model directory (tensors, tokenizer, config); write nothing",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
-    parser.set_defaults(func=run)
 
 
 _AT_EXIT: list[Any] = []
@@ -129,7 +125,7 @@ def _run(args: argparse.Namespace, log: logging.Logger) -> int:
 
 
 def _fetch_drafter_if_wanted(
-    args: argparse.Namespace, options: Any, log: logging.Logger, settings: Any = None
+    args: argparse.Namespace, options: PrepareOptions, log: logging.Logger, settings: Settings | None = None
 ) -> Path | None:
     """PREPARE_DRAFTER: auto fetches the DFlash2 drafter when SPEC=dflash2, on always, off never."""
     import os
@@ -138,12 +134,13 @@ def _fetch_drafter_if_wanted(
 
     if settings is None:
         settings = settings_from_args(args, os.environ)
-    wanted = settings["PREPARE_DRAFTER"]
-    if wanted == "off" or (wanted == "auto" and settings["SPEC"] != "dflash2"):
+    knobs = settings.knobs
+    wanted = knobs.prepare_drafter
+    if wanted == "off" or (wanted == "auto" and knobs.spec != "dflash2"):
         return None
     from hyperqwen.prepare.drafter import fetch_drafter
 
-    log.info("fetching the DFlash2 drafter (PREPARE_DRAFTER=%s, SPEC=%s)", wanted, settings["SPEC"])
+    log.info("fetching the DFlash2 drafter (PREPARE_DRAFTER=%s, SPEC=%s)", wanted, knobs.spec)
     return fetch_drafter(options)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from hyperqwen.commands import add_command
 from hyperqwen.exit_codes import Exit
 from hyperqwen.prepare.errors import PrepareCheckpointError, PrepareError
 
@@ -543,14 +544,7 @@ def recount(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "draft-vocab-recount",
-        allow_abbrev=False,
-        help="count the token ids a running server generates; DRAFT_VOCAB_IDS=<out> makes prepare use them",
-        description="Generates answers to built-in prompts through a running OpenAI-compatible vLLM server and "
-        "writes the generated token ids' counts as JSON. Then run prepare with DRAFT_VOCAB=N and "
-        "DRAFT_VOCAB_IDS=<out> to draft from the N ids the model itself uses most.",
-    )
+    parser = add_command(subparsers, "draft-vocab-recount", func=run_recount)
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:18020")
     parser.add_argument("--api-key-file", type=Path, help="file holding the API key (never printed)")
     parser.add_argument("--out", type=Path, required=True, help="counts JSON to write (atomically)")
@@ -562,7 +556,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=512, help="tokens generated per prompt (default 512)")
     parser.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
-    parser.set_defaults(func=run_recount)
 
 
 def run_recount(args: argparse.Namespace) -> int:

@@ -6,20 +6,17 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hyperqwen.config.keyrule import masked
+from hyperqwen.config.knobs import KNOBS_BY_NAME
 from hyperqwen.prepare.errors import PrepareError
 
-DEFAULT_MODEL_REPO = "dbirks/Qwen3.8-27B-W4A16-AutoRound"
-DEFAULT_MODEL_REVISION = "main"
-DEFAULT_MODELS_DIR = "/models"
-DEFAULT_MODEL = "qwen3.8-27b"
+if TYPE_CHECKING:
+    from hyperqwen.config.settings import Settings, SettingsError
 
-
-def mask_secret(value: str) -> str:
-    """Whether a secret is set, and nothing of the secret itself (the same rule as `--explain`: never partially)."""
-    return masked(value)
+# The defaults of a PrepareOptions built by hand (tests, tools) are the knobs' own (config/knobs.py).
+DEFAULT_MODEL_REPO: str = KNOBS_BY_NAME["MODEL_REPO"].default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +24,13 @@ class PrepareOptions:
     """Everything prepare needs. `output_dir` is the servable checkpoint (MODELS_DIR/MODEL)."""
 
     output_dir: Path
-    models_dir: Path = Path(DEFAULT_MODELS_DIR)
+    models_dir: Path = Path(KNOBS_BY_NAME["MODELS_DIR"].default)
     repo_id: str = DEFAULT_MODEL_REPO
-    revision: str = DEFAULT_MODEL_REVISION
-    token: str = dataclasses.field(default="", repr=False)
+    revision: str = KNOBS_BY_NAME["MODEL_REVISION"].default
+    token: str = dataclasses.field(default=KNOBS_BY_NAME["HF_TOKEN"].default, repr=False)
     source_dir: Path | None = None
-    offline: bool = False
-    quantize_embed: bool = True
+    offline: bool = KNOBS_BY_NAME["HF_HUB_OFFLINE"].default
+    quantize_embed: bool = KNOBS_BY_NAME["QUANTIZE_EMBED"].default
     hf_endpoint: str | None = None
     # Where hub downloads land (resumable, kept between runs); default under MODELS_DIR.
     download_dir: Path | None = None
@@ -48,13 +45,15 @@ class PrepareOptions:
     check_disk_space: bool = True
     show_progress: bool = True
     # DRAFT_VOCAB: N most used token ids for the MTP drafter (patch 0007); 0 = off.
-    draft_vocab: int = 0
+    draft_vocab: int = KNOBS_BY_NAME["DRAFT_VOCAB"].default
     # DRAFT_VOCAB_IDS: counts from `hyperqwen draft-vocab-recount` instead of the shipped corpus.
     draft_vocab_ids: Path | None = None
     # The corpus counted when no ids file is given (default: prepare/draft-vocab-corpus/).
     draft_vocab_corpus: Path | None = None
 
     def __post_init__(self) -> None:
+        # Only what the knob table cannot say: a knob's type, range and default are checked by the settings
+        # loader (an empty MODEL_REVISION is unset, so it is `main`; DRAFT_VOCAB has min=0).
         if not self.repo_id or self.repo_id.count("/") != 1 or any(not p for p in self.repo_id.split("/")):
             if self.source_dir is None:
                 raise PrepareError(
@@ -62,16 +61,6 @@ class PrepareOptions:
                     fix=f"use the form owner/name, e.g. {DEFAULT_MODEL_REPO}",
                     knob="MODEL_REPO",
                 )
-        if not self.revision:
-            raise PrepareError(
-                "MODEL_REVISION is empty", fix="use a branch, tag or commit, e.g. main", knob="MODEL_REVISION"
-            )
-        if self.draft_vocab < 0:
-            raise PrepareError(
-                f"DRAFT_VOCAB={self.draft_vocab} is negative",
-                fix="use 0 (off) or a count such as 40960",
-                knob="DRAFT_VOCAB",
-            )
         if self.draft_vocab_ids is not None and not self.draft_vocab:
             raise PrepareError(
                 f"DRAFT_VOCAB_IDS={str(self.draft_vocab_ids)!r} is set but DRAFT_VOCAB is 0 (off)",
@@ -96,7 +85,7 @@ class PrepareOptions:
         return {
             "MODEL_REPO": self.repo_id,
             "MODEL_REVISION": self.revision,
-            "HF_TOKEN": mask_secret(self.token),
+            "HF_TOKEN": masked(self.token),
             "MODEL_SOURCE_DIR": str(self.source_dir) if self.source_dir else "",
             "HF_HUB_OFFLINE": self.offline,
             "QUANTIZE_EMBED": self.quantize_embed,
@@ -126,29 +115,28 @@ class PrepareOptions:
         return cls.from_settings(resolve_settings_from_args(args, environ))
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> PrepareOptions:
-        """From the typed `Settings` (mapping-like, `settings.model_path`)."""
-        source = settings["MODEL_SOURCE_DIR"] or ""
-        # DRAFT_VOCAB_IDS: a path; relative paths are under MODELS_DIR, like MODEL.
-        ids_file = settings["DRAFT_VOCAB_IDS"]
+    def from_settings(cls, settings: Settings, **overrides: Any) -> PrepareOptions:
+        """From the typed `Settings`: the prepare knobs, MODEL's path and DRAFT_VOCAB_IDS under MODELS_DIR."""
+        knobs = settings.knobs
+        ids_file = knobs.draft_vocab_ids
         values: dict[str, Any] = dict(
-            output_dir=Path(settings.model_path),
-            models_dir=Path(settings["MODELS_DIR"]),
-            repo_id=settings["MODEL_REPO"],
-            revision=settings["MODEL_REVISION"],
-            token=settings["HF_TOKEN"] or "",
-            source_dir=Path(source).expanduser() if source else None,
-            offline=bool(settings["HF_HUB_OFFLINE"]),
-            quantize_embed=bool(settings["QUANTIZE_EMBED"]),
-            draft_vocab=int(settings["DRAFT_VOCAB"]),
-            draft_vocab_ids=(Path(settings["MODELS_DIR"]) / Path(ids_file).expanduser()) if ids_file else None,
-            hf_endpoint=os.environ.get("HF_ENDPOINT") or None,
+            output_dir=settings.model_path,
+            models_dir=Path(knobs.models_dir),
+            repo_id=knobs.model_repo,
+            revision=knobs.model_revision,
+            token=knobs.hf_token,
+            source_dir=Path(knobs.model_source_dir).expanduser() if knobs.model_source_dir else None,
+            offline=knobs.hf_hub_offline,
+            quantize_embed=knobs.quantize_embed,
+            draft_vocab=knobs.draft_vocab,
+            draft_vocab_ids=settings.under_models_dir(ids_file) if ids_file else None,
+            hf_endpoint=os.environ.get("HF_ENDPOINT") or None,  # huggingface_hub's variable, not a knob
         )
         values.update(overrides)
         return cls(**values)
 
 
-def resolve_settings_from_args(args: Any, environ: Mapping[str, str] | None = None) -> Any:
+def resolve_settings_from_args(args: Any, environ: Mapping[str, str] | None = None) -> Settings:
     """The typed Settings for the command's flags; a bad knob becomes a PrepareError naming it."""
     from hyperqwen.config.load import settings_from_args
     from hyperqwen.config.settings import SettingsError
@@ -162,7 +150,7 @@ def resolve_settings_from_args(args: Any, environ: Mapping[str, str] | None = No
     return settings
 
 
-def refuse_misspelt_model_source(settings: Any, env_file: Any, environ: Mapping[str, str]) -> None:
+def refuse_misspelt_model_source(settings: Settings, env_file: str | Path | None, environ: Mapping[str, str]) -> None:
     """A misspelt model-source knob (MODEL_REPOO=...) would leave the real one at its default, and prepare would
     download the default model (~20 GB) instead of the one meant: stop before anything is fetched."""
     from hyperqwen.config.load import read_env_layer
@@ -173,6 +161,7 @@ def refuse_misspelt_model_source(settings: Any, env_file: Any, environ: Mapping[
     misspelt = misspelt_model_source(unknown_names(env_values, environ), explicit)
     if misspelt:
         unknown = misspelt[0]
+        # The knob is named at run time (whichever one was misspelt), so it is read by name.
         raise PrepareError(
             f"{unknown.name} (in {unknown.where}) is not a knob, so {unknown.guess} keeps its default "
             f"({settings[unknown.guess]!r}); nothing was downloaded",
@@ -181,6 +170,6 @@ def refuse_misspelt_model_source(settings: Any, env_file: Any, environ: Mapping[
         )
 
 
-def _settings_error(exc: Any) -> PrepareError:
+def _settings_error(exc: SettingsError) -> PrepareError:
     first = next((p for p in exc.problems if p.severity == "error"), exc.problems[0])
     return PrepareError(first.message, fix="see docs/knobs.md for the allowed values", knob=first.knob or "")

@@ -85,32 +85,31 @@ DISK_MARGIN_BYTES = 64 << 20
 COPY_CHUNK = 16 << 20
 
 
+# prepare's state beside the output folder, by attribute: each is `.<output name>.hyperqwen-<suffix>`.
+_STATE_SUFFIXES = {
+    "staging": "staging",
+    "progress": "progress.json",
+    "old": "old",
+    "verified": "verified.json",
+    "lock": "lock",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class StatePaths:
+    """Where prepare keeps its state for `output`: the staging folder, its progress file, the previous output
+    while it is replaced, the verification record and the lock, each a hidden sibling of the output folder."""
+
     output: Path
+    staging: Path = dataclasses.field(init=False)
+    progress: Path = dataclasses.field(init=False)
+    old: Path = dataclasses.field(init=False)
+    verified: Path = dataclasses.field(init=False)
+    lock: Path = dataclasses.field(init=False)
 
-    def _sibling(self, suffix: str) -> Path:
-        return self.output.parent / f".{self.output.name}.hyperqwen-{suffix}"
-
-    @property
-    def staging(self) -> Path:
-        return self._sibling("staging")
-
-    @property
-    def progress(self) -> Path:
-        return self._sibling("progress.json")
-
-    @property
-    def old(self) -> Path:
-        return self._sibling("old")
-
-    @property
-    def verified(self) -> Path:
-        return self._sibling("verified.json")
-
-    @property
-    def lock(self) -> Path:
-        return self._sibling("lock")
+    def __post_init__(self) -> None:
+        for name, suffix in _STATE_SUFFIXES.items():
+            object.__setattr__(self, name, self.output.parent / f".{self.output.name}.hyperqwen-{suffix}")
 
 
 @dataclasses.dataclass

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hyperqwen.config.keyrule import masked
 from hyperqwen.prepare.atomic import crash_point, fsync_dir, load_json_object, make_dirs, sha256_file, write_json_atomic
 from hyperqwen.prepare.checkpoint import FIX_DOWNLOAD, FIX_LOCAL, FIX_OUTPUT
 from hyperqwen.prepare.errors import DiskSpaceError, SourceError
-from hyperqwen.prepare.options import PrepareOptions, mask_secret
+from hyperqwen.prepare.options import PrepareOptions
 from hyperqwen.prepare.progress import ByteProgress
 
 log = logging.getLogger("hyperqwen.prepare")
@@ -127,7 +128,7 @@ def _hub_error(exc: BaseException, options: PrepareOptions) -> SourceError:
     token_state = "set" if options.token else "not set"
     if isinstance(exc, hf_errors.GatedRepoError):
         return SourceError(
-            f"MODEL_REPO={repo!r} is gated and HF_TOKEN ({mask_secret(options.token)}) has no access to it",
+            f"MODEL_REPO={repo!r} is gated and HF_TOKEN ({masked(options.token)}) has no access to it",
             fix=f"accept the model's terms on {endpoint}/{repo} with your account, then set HF_TOKEN to a read token "
             "of that account",
             knob="HF_TOKEN",
@@ -148,7 +149,7 @@ def _hub_error(exc: BaseException, options: PrepareOptions) -> SourceError:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status == 401:
             return SourceError(
-                f"the hub rejected HF_TOKEN ({mask_secret(options.token)}) as invalid (HTTP 401)",
+                f"the hub rejected HF_TOKEN ({masked(options.token)}) as invalid (HTTP 401)",
                 fix="create a new read token at https://huggingface.co/settings/tokens and set HF_TOKEN, "
                 "or unset HF_TOKEN for public repos; with HF_HUB_OFFLINE=1 prepare uses an "
                 "earlier verified download without asking the hub",
@@ -156,7 +157,7 @@ def _hub_error(exc: BaseException, options: PrepareOptions) -> SourceError:
             )
         if status == 403:
             return SourceError(
-                f"HF_TOKEN ({mask_secret(options.token)}) may not read {repo} (HTTP 403)",
+                f"HF_TOKEN ({masked(options.token)}) may not read {repo} (HTTP 403)",
                 fix="use a token with read access to the repo (or accept its terms on "
                 f"{endpoint}/{repo}); with HF_HUB_OFFLINE=1 prepare uses an earlier verified "
                 "download without asking the hub",

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from hyperqwen.commands import add_command
 from hyperqwen.config.apikey import exposure_problem, read_api_key
 from hyperqwen.config.load import add_settings_arguments, settings_from_args
 from hyperqwen.config.settings import Problem, SettingsError, listen_host
@@ -200,8 +201,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     try:
         settings = settings_from_args(args, environ)
         api_key = read_api_key(settings)
-        raw = settings["ROUTER_WORKERS"] or environ.get(REPLICA_URLS_ENV, "")
-        source = "ROUTER_WORKERS" if settings["ROUTER_WORKERS"] else REPLICA_URLS_ENV
+        knobs = settings.knobs
+        raw = knobs.router_workers or environ.get(REPLICA_URLS_ENV, "")
+        source = "ROUTER_WORKERS" if knobs.router_workers else REPLICA_URLS_ENV
         urls, problems = parse_worker_urls(raw, source)
         exposed = exposure_problem(settings, api_key, "the router")
         if exposed is not None:
@@ -217,15 +219,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         print("hyperqwen router: the vllm-router binary is not installed (pip install vllm-router)", file=sys.stderr)
         return Exit.BAD_INPUT
     internal = int(environ.get(ROUTER_PORT_ENV) or DEFAULT_ROUTER_PORT)
-    argv = router_argv(
-        urls, policy=settings["ROUTER_POLICY"], port=internal, prometheus_port=internal + 1, program=program
-    )
+    argv = router_argv(urls, policy=knobs.router_policy, port=internal, prometheus_port=internal + 1, program=program)
     if args.print:
         print(" ".join(argv))
         return Exit.OK
-    config = GateConfig(
-        listen_host(environ, settings["BIND"]), int(settings["PORT"]), f"http://127.0.0.1:{internal}", api_key
-    )
+    config = GateConfig(listen_host(environ, knobs.bind), knobs.port, f"http://127.0.0.1:{internal}", api_key)
     return serve(argv, config)
 
 
@@ -293,16 +291,9 @@ def child_main(argv: Sequence[str]) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "router",
-        help="serve vllm-router in front of the replicas, behind a key-checking gate",
-        description="Start vLLM's router (vllm-router) on loopback for the replicas (ROUTER_WORKERS, else the "
-        "list compose.replicas.yaml sets) and publish a gate on BIND:PORT that forwards only the "
-        "inference routes and checks the API key.",
-    )
+    parser = add_command(subparsers, "router", func=run)
     parser.add_argument("--print", action="store_true", help="print the vllm-router command; start nothing")
     add_settings_arguments(parser, mode=False)
-    parser.set_defaults(func=run)
 
 
 if __name__ == "__main__":  # the vllm-router child of serve()

@@ -93,7 +93,7 @@ def _drafter_lines(settings: Settings, budget: LaunchBudget) -> list[str]:
 
 def spec_lines(settings: Settings, budget: LaunchBudget, vllm_args: Sequence[str]) -> list[str]:
     """The --explain section on speculative decoding for the launch `vllm_args` describe."""
-    spec = str(settings["SPEC"])
+    spec = settings.knobs.spec
     raw = _arg(vllm_args, "--speculative-config")
     config = json.loads(raw) if raw else None
     seats = _arg(vllm_args, "--max-num-seqs") or "vLLM's default"

@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 
+from hyperqwen.config.keyrule import masked
 from hyperqwen.prepare.errors import PrepareError
-from hyperqwen.prepare.options import DEFAULT_MODEL_REPO, PrepareOptions, mask_secret
+from hyperqwen.prepare.options import DEFAULT_MODEL_REPO, PrepareOptions
 
 
 def test_defaults_follow_the_contract():
@@ -56,5 +57,5 @@ def test_token_never_appears_in_repr_or_description():
     options = PrepareOptions.from_env({"HF_TOKEN": token})
     assert token not in repr(options)
     assert token not in str(options.describe())
-    assert options.describe()["HF_TOKEN"] == mask_secret(token) != token
-    assert mask_secret("") == "(unset)" and mask_secret("short") == "****"
+    assert options.describe()["HF_TOKEN"] == masked(token) != token
+    assert masked("") == "(unset)" and masked("short") == "****"
