@@ -1,6 +1,6 @@
 """Host side: download the lab's wheels (wheels.py) and write them as carry-sized volumes (volumes.py).
 
-    python3 scripts/gpu_lab/pack.py [--out .gpulab] [--volume-size 60MiB]
+    python3 scripts/gpu_lab/pack.py [--out .gpulab] [--volume-size 52MiB]
 
 Writes OUT/wheelhouse/ (wheels, and a GNU patch binary: `hyperqwen patches apply` needs one and a lab host may
 lack it) and OUT/vol/p00.. with manifest.json. OUT must be git-ignored (docs/gpu-lab.md).
@@ -38,7 +38,8 @@ def wheel_pin(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(".gpulab"))
-    parser.add_argument("--volume-size", default="60MiB")
+    # 52 MiB: a call carries 64 MiB, and the first volume travels with the working tree (~4 MiB) and the manifest.
+    parser.add_argument("--volume-size", default="52MiB")
     args = parser.parse_args(argv)
     try:
         size = parse_size(args.volume_size)

@@ -34,10 +34,18 @@ def planner_prediction(plan: dict) -> dict:
         "max_model_len": plan["max_model_len"],
         "outcome": plan["outcome"],
         "terms_bytes": {name: term["bytes"] for name, term in plan["terms"].items()},
-        # The checkpoint's resident weights as its safetensors headers give them (no calibrated term in them), so a
-        # later planner can be replayed on the lab's checkpoint whatever its own weight terms then are.
-        "header_weights_bytes": plan["weights_bytes"]["resident"],
+        # The checkpoint's resident weights as its safetensors headers give them, so a later planner can be
+        # replayed on the lab's checkpoint whatever its own weight terms then are: the parts the server loads
+        # (the vision tower only without --language-model-only, the drafter's own weights), with nothing of the
+        # planner's in them (its "resident" adds the CUDA load overhead and leaves out an EMBED_ON_HOST table).
+        "header_weights_bytes": header_weights_bytes(plan),
     }
+
+
+def header_weights_bytes(plan: dict) -> int:
+    parts = plan["weights_bytes"]
+    vision = 0 if plan["resolved"]["language_model_only"] else parts["vision"]
+    return int(parts["body"] + vision + parts["drafter"])
 
 
 def build_record(boot_dir: Path, date: str) -> dict:

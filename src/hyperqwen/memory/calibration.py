@@ -121,10 +121,26 @@ def missing_numbers(numbers: Mapping[str, Any]) -> list[str]:
     return [key for key in REQUIRED if key not in numbers]
 
 
+# vLLM's front end ends a failed engine start with a line that only points back at the real cause
+# ("RuntimeError: Engine core initialization failed. See root cause above."): the reason is the line before it.
+WRAPPER = re.compile(r"See root cause above|EngineCore failed to start|^Traceback|\] Traceback")
+# A traceback's source lines (`raise RuntimeError(`, `File "...", line 3`) name an error class, not a reason.
+TRACEBACK_CODE = re.compile(r"(raise |File \"|\^)")
+# vLLM's log prefix: "(EngineCore pid=3923) ERROR 12-03 07:38:05 [core.py:1510] ".
+VLLM_PREFIX = re.compile(r"^\([^)]*\)\s+[A-Z]+\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
+
+
+def _message(line: str) -> str:
+    return VLLM_PREFIX.sub("", line)
+
+
 def failure_reason(text: str) -> str:
-    """The last line of a log that names why a boot failed (vLLM's or Python's), cut to one screen line."""
+    """The last line of a log that names why a boot failed (vLLM's or Python's), without vLLM's log prefix and
+    cut to one screen line; past a line that only points back at an earlier cause."""
     lines = [line.strip() for line in text.splitlines() if FAILURE.search(line) and "Warning" not in line]
-    return lines[-1][:400] if lines else "no error line in the log (timed out?)"
+    causes = [line for line in lines if not WRAPPER.search(line) and not TRACEBACK_CODE.match(_message(line))]
+    chosen = causes or lines
+    return _message(chosen[-1])[:400] if chosen else "no error line in the log (timed out?)"
 
 
 def measured_terms(numbers: Mapping[str, Any]) -> dict[str, int]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gpu_lab.records import RecordError, build_record, parse_vllm_log
+from gpu_lab.records import RecordError, build_record, failure_reason, parse_vllm_log
 
 DATA = Path(__file__).parent / "data"
 # vLLM 0.32.0's own lines from the first lab boot (single mode, an H200 given a 3090's budget, cold), trimmed to
@@ -39,7 +39,9 @@ def _boot(tmp_path: Path, status: str, log: str, plan: dict | None = None) -> Pa
     (boot / "plan.json").write_text(json.dumps(plan or {
         "pool_bytes": 5_544_597_259, "pool_tokens": 70_933, "max_concurrency": 1.08, "max_model_len": 65536,
         "outcome": "fits", "terms": {"weights": {"bytes": 1, "source": "x"}},
-        "weights_bytes": {"resident": 15_609_967_520}}))
+        "weights_bytes": {"body": 15_178_606_368, "vision": 921_460_192, "mtp": 431_361_152, "drafter": 431_361_152,
+                          "resident": 15_899_877_812},
+        "resolved": {"language_model_only": True}}))
     return boot
 
 
@@ -48,6 +50,8 @@ def test_a_served_boot_becomes_a_record_with_the_planner_beside_vllm(tmp_path):
     record = build_record(boot, "2026-12-02")
     assert record["vllm"]["pool_tokens"] == 72860 and record["planner"]["pool_tokens"] == 70933
     assert record["planner_vs_vllm_pool"] == round(70933 / 72860 - 1, 4)
+    # the headers' weights (body + the drafter's own), not the planner's term (+ CUDA's load overhead)
+    assert record["planner"]["header_weights_bytes"] == 15_178_606_368 + 431_361_152
 
 
 def test_a_served_boot_whose_log_lacks_a_number_is_not_recorded(tmp_path):
@@ -73,3 +77,22 @@ def test_the_committed_recordings_hold_what_a_record_needs():
         assert record["stack"]["vllm"] == "0.32.0" and record["emulated_card"] == "rtx3090", path.name
         if record["status"] == "served":
             assert record["vllm"]["pool_tokens"] > 0 and record["planner"]["pool_tokens"] > 0, path.name
+
+
+def test_a_failed_engine_start_is_recorded_with_the_root_cause_not_the_line_pointing_at_it(tmp_path):
+    # The shape of vLLM 0.32.0's log when the engine core fails to start (a RAM_CACHE boot on the lab's H200,
+    # 2026-12-03): the engine's traceback, the front end's copy, then a RuntimeError pointing back at them.
+    cause = "OSError: Can't load image processor for '/tmp/models/m'."
+    log = "\n".join([
+        "(EngineCore pid=3923) ERROR 12-03 07:38:05 [core.py:1510] EngineCore failed to start.",
+        "(EngineCore pid=3923) ERROR 12-03 07:38:05 [core.py:1510] Traceback (most recent call last):",
+        "(EngineCore pid=3923) ERROR 12-03 07:38:05 [core.py:1510]     raise OSError(",
+        f"(EngineCore pid=3923) ERROR 12-03 07:38:05 [core.py:1510] {cause}",
+        "Traceback (most recent call last):",
+        '  File "/x/vllm/v1/engine/core_client.py", line 3, in <module>',
+        "    raise RuntimeError(",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ])
+    assert failure_reason(log) == cause
+    record = build_record(_boot(tmp_path, "failed", log), "2026-12-03")
+    assert record["failure"] == cause
