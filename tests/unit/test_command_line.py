@@ -52,6 +52,23 @@ def test_each_command_registers_itself_with_the_help_line_of_the_table(name):
     assert [action.help for action in subparsers._choices_actions] == [COMMANDS[name].help]
 
 
+def test_prepare_lists_its_exit_statuses_and_takes_no_abbreviated_options():
+    """What prepare's parser had before the command table: its exit statuses under --help, and no prefix of a
+    long option standing for it (`--verify` is not `--verify-only`); draft-vocab-recount takes none either."""
+    pytest.importorskip("huggingface_hub")
+    from hyperqwen.prepare import cli as prepare_cli
+    from hyperqwen.prepare import draft_vocab
+
+    subparsers = argparse.ArgumentParser(prog="hyperqwen").add_subparsers(dest="command")
+    prepare_cli.register(subparsers)
+    draft_vocab.register(subparsers)
+    prepare = subparsers.choices["prepare"]
+    assert prepare.epilog == prepare_cli.EXIT_STATUSES and "exit status: 0 ready" in prepare.format_help()
+    assert not prepare.allow_abbrev and not subparsers.choices["draft-vocab-recount"].allow_abbrev
+    with pytest.raises(SystemExit):
+        prepare.parse_args(["--verify"])
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_no_traceback_with_the_extras_hidden(tmp_path, name):
     for args in (["--help"], TYPICAL[name][1:]):

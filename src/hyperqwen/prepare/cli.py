@@ -42,7 +42,7 @@ EXIT_STATUSES = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     from hyperqwen.config.load import add_settings_arguments
 
-    parser = add_command(subparsers, "prepare", func=run)
+    parser = add_command(subparsers, "prepare", func=run, epilog=EXIT_STATUSES, allow_abbrev=False)
     add_settings_arguments(parser)
     parser.add_argument(
         "--verify-only",

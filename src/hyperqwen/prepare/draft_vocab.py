@@ -544,7 +544,7 @@ def recount(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = add_command(subparsers, "draft-vocab-recount", func=run_recount)
+    parser = add_command(subparsers, "draft-vocab-recount", func=run_recount, allow_abbrev=False)
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:18020")
     parser.add_argument("--api-key-file", type=Path, help="file holding the API key (never printed)")
     parser.add_argument("--out", type=Path, required=True, help="counts JSON to write (atomically)")
