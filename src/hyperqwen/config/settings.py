@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,11 @@ class Settings(Mapping[str, Any]):
     def explicit(self, name: str) -> bool:
         return self.by_name[name].explicit
 
-    @property
+    @cached_property
     def knobs(self) -> KnobValues:
         """Every knob's value as a typed attribute (config/values.py, generated from the knob table):
-        `settings.knobs.spec` is checked by mypy where `settings["SPEC"]` is not."""
+        `settings.knobs.spec` is checked by mypy where `settings["SPEC"]` is not. Built once per Settings (its
+        values never change; `with_value` makes a new one)."""
         return KnobValues.from_values(self)
 
     @property
