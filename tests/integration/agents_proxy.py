@@ -12,9 +12,11 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from support.httpserver import LoopbackServer
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 
@@ -93,20 +95,18 @@ class RecordingProxy:
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = do_OPTIONS = _forward
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._http = LoopbackServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._http.url
 
     def __enter__(self) -> RecordingProxy:
-        self._thread.start()
+        self._http.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def __exit__(self, *exc: object) -> None:
+        self._http.__exit__(*exc)
 
     def summary(self) -> list[tuple[str, str, int]]:
         with self._lock:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from support.httpserver import LoopbackServer
 
 REPO = "org/qwen-tiny"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -169,8 +170,7 @@ class FakeHub:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.http = LoopbackServer(Handler)
 
     @classmethod
     def of_folder(cls, directory: Path) -> FakeHub:
@@ -180,12 +180,11 @@ class FakeHub:
         )
 
     def __enter__(self) -> FakeHub:
-        self.thread.start()
+        self.http.__enter__()
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def __exit__(self, *exc_info: object) -> None:
+        self.http.__exit__(*exc_info)
 
     def fail_every_request(self, status: int, headers: dict[str, str]) -> None:
         """Answer everything with `status` and the hub's error headers, as the real hub does for a missing
@@ -196,7 +195,7 @@ class FakeHub:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return self.http.url
 
     def gets(self, name: str) -> list[tuple[str, str, str | None]]:
         return [r for r in self.requests if r[0] == "GET" and r[1].endswith("/" + name)]

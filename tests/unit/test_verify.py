@@ -14,15 +14,15 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from hyperqwen import verify as hv
+from support.httpserver import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "test-key-0123456789abcdef0123"
@@ -372,14 +372,8 @@ def make_handler(key: str | None, health_status: int, requests: list):
 def fake_vllm_http(request: pytest.FixtureRequest) -> Iterator[FakeVllm]:
     key, health = getattr(request, "param", (KEY, 200))
     requests: list = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(key, health, requests))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield FakeVllm(f"http://127.0.0.1:{server.server_address[1]}", requests)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with LoopbackServer(make_handler(key, health, requests), poll_interval=0.05) as server:
+        yield FakeVllm(server.url, requests)
 
 
 def test_fake_vllm_http_with_key_passes(fake_vllm_http: FakeVllm, tmp_path: Path) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,6 +18,7 @@ from hyperqwen.prepare.pipeline import MANIFEST_NAME, prepare
 from hyperqwen.prepare.quantize import dequantize
 from hyperqwen.prepare.safetensors_io import bf16_to_f32
 from hyperqwen.prepare.verify import verify_checkpoint
+from support.httpserver import LoopbackServer
 from support.tools import require_modules
 
 require_modules("torch", why="checks the drafter head with torch, as vLLM loads it")
@@ -318,12 +318,8 @@ class _FakeVllmChat(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_server():
     _FakeVllmChat.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllmChat)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with LoopbackServer(_FakeVllmChat) as server:
+        yield server.url
 
 
 def test_recount_fake_server_counts_generated_ids_and_prepare_uses_them(
