@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from hyperqwen.memory.calibration import failure_reason, missing_numbers, parse_vllm_log
+from hyperqwen.monitor.metrics import parse_scrape
 
 __all__ = ["RecordError", "build_record", "failure_reason", "parse_vllm_log"]
 
@@ -79,6 +80,19 @@ def build_record(boot_dir: Path, date: str) -> dict:
     record["vllm"] = vllm
     record["requests"] = meta.get("requests", {})
     record["alive_after_requests"] = meta.get("alive_after_requests")
+    record["gpu_used_mib_serving"] = meta.get("gpu_used_mib_serving")  # nvidia-smi while serving
+    metrics = boot_dir / "metrics.txt"
+    if metrics.is_file():  # /metrics after the requests: what speculative decoding drafted and kept
+        scrape = parse_scrape(metrics.read_text(), 0.0)
+        record["spec_decode"] = {
+            "drafts": scrape.spec_drafts,
+            "draft_tokens": scrape.spec_draft_tokens,
+            "accepted_tokens": scrape.spec_accepted,
+        }
+    ladder = boot_dir / "bench-ladder.json"
+    if ladder.is_file():  # the `speed` request: `hyperqwen bench ladder`'s own result, without its environment
+        result = json.loads(ladder.read_text())
+        record["bench_ladder"] = {key: result[key] for key in ("params", "gates", "results")}
     planner = record["planner"]
     if "pool_tokens" in planner:
         record["planner_vs_vllm_pool"] = round(planner["pool_tokens"] / vllm["pool_tokens"] - 1, 4)

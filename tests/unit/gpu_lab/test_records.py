@@ -96,3 +96,21 @@ def test_a_failed_engine_start_is_recorded_with_the_root_cause_not_the_line_poin
     assert failure_reason(log) == cause
     record = build_record(_boot(tmp_path, "failed", log), "2026-12-03")
     assert record["failure"] == cause
+
+
+def test_a_served_boot_keeps_its_speed_run_its_draft_counts_and_the_gpu_memory_in_use(tmp_path):
+    boot = _boot(tmp_path, "served", CAPTURED.read_text())
+    meta = json.loads((boot / "meta.json").read_text())
+    (boot / "meta.json").write_text(json.dumps({**meta, "gpu_used_mib_serving": 21735}))
+    (boot / "metrics.txt").write_text(
+        'vllm:spec_decode_num_drafts_total{engine="0"} 276.0\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="0"} 2208.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 1559.0\n'
+    )
+    ladder = {"params": {"concurrency": "1,4"}, "gates": {"requests": {"passed": True}},
+              "results": {"steps": [{"requests": 1, "aggregate_tok_s": 71.1}]}, "environment": {"bench_host": {}}}
+    (boot / "bench-ladder.json").write_text(json.dumps(ladder))
+    record = build_record(boot, "2026-12-03")
+    assert record["gpu_used_mib_serving"] == 21735
+    assert record["spec_decode"] == {"drafts": 276.0, "draft_tokens": 2208.0, "accepted_tokens": 1559.0}
+    assert record["bench_ladder"] == {key: ladder[key] for key in ("params", "gates", "results")}
