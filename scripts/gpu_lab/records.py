@@ -72,6 +72,8 @@ def build_record(boot_dir: Path, date: str) -> dict:
         record["planner"] = {"error": f"plan.json unreadable: {exc}"}
     if meta["status"] != "served":
         record["failure"] = meta.get("reason") or failure_reason(log)
+        # What vLLM had already logged when it failed (its pool may be sized before the engine dies).
+        record["vllm_before_failure"] = parse_vllm_log(log)
         return record
     vllm = parse_vllm_log(log)
     missing = missing_numbers(vllm)

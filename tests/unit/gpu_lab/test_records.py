@@ -69,6 +69,8 @@ def test_a_failed_boot_is_recorded_as_a_failure_with_vllms_reason(tmp_path):
     )
     record = build_record(_boot(tmp_path, "failed", log), "2026-12-02")
     assert "CUDA out of memory" in record["failure"] and "vllm" not in record
+    # what vLLM had logged before it failed is kept apart from a served boot's numbers
+    assert record["vllm_before_failure"] == {"model_loading_gib": 14.8, "model_loading_seconds": 20.989571}
 
 
 def test_the_committed_recordings_hold_what_a_record_needs():
